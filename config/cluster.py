@@ -1,0 +1,277 @@
+"""The cluster spec: regions, nodes, engines (role, hardware, model, TP), router, transport, time scale."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from config.base import Fraction, Frozen, Name, NonNegativeFloat, PositiveFloat, PositiveInt
+from config.catalog import Catalog, catalog_from_context
+from config.hardware import HardwareProfile
+from config.link import LinkProfile
+from config.model import ModelProfile
+from config.profile import EmpiricalProfile
+from config.yamlio import SpecProblems, read_yaml, validate
+
+Role = Literal["colocated", "prefill", "decode"]
+ROLES: tuple[str, ...] = ("colocated", "prefill", "decode")
+
+# Round-trip times between the default regions (issue: 65 ms east-west, 75 ms east-EU, 130 ms west-EU).
+DEFAULT_RTT_MS: dict[frozenset[str], float] = {
+    frozenset({"us-east-1", "us-west-2"}): 65.0,
+    frozenset({"us-east-1", "eu-west-1"}): 75.0,
+    frozenset({"us-west-2", "eu-west-1"}): 130.0,
+}
+DEFAULT_WAN_GBPS = 1.25  # 10 Gb/s of cross-region bandwidth per flow
+
+
+class SchedulerSpec(Frozen):
+    """vLLM-like scheduler and KV cache settings of one engine."""
+
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    block_size: PositiveInt = 16
+    gpu_memory_utilization: Fraction = 0.9
+    num_gpu_blocks: PositiveInt | None = None
+    """Explicit KV block count; otherwise derived from HBM left after weights."""
+    activation_reserve_gb: NonNegativeFloat = 1.5
+    """Memory kept for activations and CUDA graphs, per GPU, not available to the KV cache."""
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+
+class EngineGroupSpec(Frozen):
+    """``replicas`` identical engines, each on ``tp`` GPUs of its node."""
+
+    name: Name
+    role: Role = "colocated"
+    model: Name
+    """A model preset (architecture, roofline cost) or an empirical profile."""
+    hardware: Name | None = None
+    """GPU type; defaults to the node's."""
+    tp: PositiveInt = 1
+    replicas: PositiveInt = 1
+    scheduler: SchedulerSpec = SchedulerSpec()
+
+
+class NodeSpec(Frozen):
+    name: Name
+    region: Name
+    hardware: Name
+    gpus: PositiveInt | None = None
+    """GPUs in the node; defaults to the hardware profile's gpus_per_node."""
+    nic: Name | None = None
+    """Link preset for traffic to other nodes of the region; defaults to the topology's."""
+    engines: list[EngineGroupSpec] = Field(min_length=1)
+
+
+class RegionSpec(Frozen):
+    name: Name
+
+
+class WanLinkSpec(Frozen):
+    a: Name
+    b: Name
+    rtt_ms: NonNegativeFloat
+    bandwidth_gbps: PositiveFloat = DEFAULT_WAN_GBPS
+
+
+class RouterSpec(Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    """0 picks a free port at start."""
+    policy: Name = "round_robin"
+    region: Name | None = None
+    """Region the router runs in (requests originate there unless they say otherwise)."""
+    request_timeout_s: PositiveFloat = 600.0
+
+
+class TransportSpec(Frozen):
+    backend: Literal["inproc", "tcp", "ucx"] = "tcp"
+    kv_payload_scale: Fraction = 1.0
+    """Real bytes moved per emulated KV byte (1.0 = full size)."""
+    hand_off: Literal["push", "pull"] = "push"
+    intra_region_link: Name = "rdma-ib-ndr400"
+    """Default NIC link preset between nodes of one region."""
+
+
+class ClusterSpec(Frozen):
+    """A whole emulated fleet. Cross-field rules are checked here, each reported with its field path."""
+
+    name: Name
+    description: str = ""
+    time_scale: PositiveFloat = 1.0
+    """Wall seconds per emulated second (0.2 runs five times faster than real time)."""
+    gpus_per_actor: PositiveInt = 1
+    seed: int = 0
+    regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
+    wan: list[WanLinkSpec] = Field(default_factory=list)
+    nodes: list[NodeSpec] = Field(min_length=1)
+    router: RouterSpec = RouterSpec()
+    transport: TransportSpec = TransportSpec()
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> ClusterSpec:
+        problems = cross_check(self, catalog_from_context(info.context))
+        if problems:
+            raise SpecProblems(problems)
+        return self
+
+    # -- views -------------------------------------------------------------------------------------
+    def engines(self, catalog: Catalog | None = None) -> list[EngineInstance]:
+        """Every engine replica, in spec order, with its profiles resolved."""
+        cat = catalog or catalog_from_context(None)
+        out: list[EngineInstance] = []
+        for node in self.nodes:
+            gpu_index = 0
+            for group in node.engines:
+                hw = cat.hardware.get(group.hardware or node.hardware)
+                for r in range(group.replicas):
+                    out.append(
+                        EngineInstance(
+                            name=f"{group.name}-{r}" if group.replicas > 1 else group.name,
+                            group=group,
+                            node=node.name,
+                            region=node.region,
+                            hardware=hw,
+                            model=cat.models.items.get(group.model),
+                            profile=cat.profiles.items.get(group.model),
+                            gpu_indices=tuple(range(gpu_index, gpu_index + group.tp)),
+                        )
+                    )
+                    gpu_index += group.tp
+        return out
+
+    def rtt_ms(self, a: str, b: str) -> float:
+        if a == b:
+            return 0.0
+        for w in self.wan:
+            if {w.a, w.b} == {a, b}:
+                return w.rtt_ms
+        return DEFAULT_RTT_MS[frozenset({a, b})]
+
+    def wan_link(self, a: str, b: str) -> LinkProfile:
+        """The emulated WAN between two regions: half the round-trip each way."""
+        bw = DEFAULT_WAN_GBPS
+        for w in self.wan:
+            if {w.a, w.b} == {a, b}:
+                bw = w.bandwidth_gbps
+        return LinkProfile(
+            name=f"wan-{min(a, b)}-{max(a, b)}", source="cluster topology", kind="wan",
+            bandwidth_gbps=bw, latency_us=self.rtt_ms(a, b) * 1000.0 / 2.0,
+        )
+
+
+@dataclass(frozen=True)
+class EngineInstance:
+    name: str
+    group: EngineGroupSpec
+    node: str
+    region: str
+    hardware: HardwareProfile
+    model: ModelProfile | None
+    profile: EmpiricalProfile | None
+    gpu_indices: tuple[int, ...]
+
+    @property
+    def role(self) -> str:
+        return self.group.role
+
+    @property
+    def tp(self) -> int:
+        return self.group.tp
+
+
+def cross_check(spec: ClusterSpec, cat: Catalog) -> list[tuple[str, str]]:
+    """Rules that span fields: references resolve, names are unique, GPUs and memory suffice."""
+    problems: list[tuple[str, str]] = []
+    region_names = [r.name for r in spec.regions]
+    for name, n in Counter(region_names).items():
+        if n > 1:
+            problems.append(("regions", f"duplicate region name {name!r}"))
+    for name, n in Counter(node.name for node in spec.nodes).items():
+        if n > 1:
+            problems.append(("nodes", f"duplicate node name {name!r}"))
+    group_names = Counter(g.name for node in spec.nodes for g in node.engines)
+    for name, n in group_names.items():
+        if n > 1:
+            problems.append(("nodes", f"duplicate engine group name {name!r} (names are cluster-wide)"))
+
+    used_regions: set[str] = set()
+    for i, node in enumerate(spec.nodes):
+        at = f"nodes[{i}]"
+        if node.region not in region_names:
+            problems.append((f"{at}.region", f"region {node.region!r} is not declared in 'regions' "
+                                             f"(declared: {', '.join(region_names)})"))
+        used_regions.add(node.region)
+        if node.hardware not in cat.hardware:
+            problems.append((f"{at}.hardware", f"unknown hardware {node.hardware!r} "
+                                               f"(known: {', '.join(cat.hardware.names())})"))
+            continue
+        node_hw = cat.hardware.get(node.hardware)
+        gpus = node.gpus or node_hw.gpus_per_node
+        nic = node.nic or spec.transport.intra_region_link
+        if nic not in cat.links:
+            problems.append((f"{at}.nic" if node.nic else "transport.intra_region_link",
+                             f"unknown link {nic!r} (known: {', '.join(cat.links.names())})"))
+        used = 0
+        for j, g in enumerate(node.engines):
+            gat = f"{at}.engines[{j}]"
+            if not cat.has_model(g.model):
+                problems.append((f"{gat}.model", f"unknown model {g.model!r} (known models: "
+                                                 f"{', '.join(cat.models.names())}; empirical profiles: "
+                                                 f"{', '.join(cat.profiles.names())})"))
+            hw_name = g.hardware or node.hardware
+            if hw_name not in cat.hardware:
+                problems.append((f"{gat}.hardware", f"unknown hardware {hw_name!r}"))
+                continue
+            if g.tp > gpus:
+                problems.append((f"{gat}.tp", f"TP degree {g.tp} is larger than node {node.name!r} "
+                                              f"({gpus} GPUs)"))
+            used += g.tp * g.replicas
+            if g.model in cat.models and g.scheduler.num_gpu_blocks is None:
+                problems.extend(_memory_problems(gat, cat.models.get(g.model), cat.hardware.get(hw_name), g))
+        if used > gpus:
+            problems.append((f"{at}.engines", f"engines need {used} GPUs but node {node.name!r} has {gpus}"))
+
+    for name in region_names:
+        if name not in used_regions:
+            problems.append(("regions", f"region {name!r} has no node"))
+    for k, w in enumerate(spec.wan):
+        for side in ("a", "b"):
+            r = getattr(w, side)
+            if r not in region_names:
+                problems.append((f"wan[{k}].{side}", f"region {r!r} is not declared in 'regions'"))
+    declared_pairs = {frozenset({w.a, w.b}) for w in spec.wan}
+    for a, b in combinations(sorted(used_regions & set(region_names)), 2):
+        pair = frozenset({a, b})
+        if pair not in declared_pairs and pair not in DEFAULT_RTT_MS:
+            problems.append(("wan", f"no round-trip time for regions {a!r} and {b!r}: add a 'wan' entry"))
+    if spec.router.region is not None and spec.router.region not in used_regions:
+        problems.append(("router.region", f"region {spec.router.region!r} has no node"))
+    return problems
+
+
+def _memory_problems(at: str, model: ModelProfile, hw: HardwareProfile,
+                     g: EngineGroupSpec) -> list[tuple[str, str]]:
+    per_gpu_weights = model.weight_bytes / g.tp
+    budget = hw.hbm_bytes * g.scheduler.gpu_memory_utilization - g.scheduler.activation_reserve_gb * 1e9
+    if per_gpu_weights >= budget:
+        return [(f"{at}.tp", f"{model.name} needs {per_gpu_weights / 1e9:.1f} GB of weights per GPU at TP {g.tp}, "
+                             f"but {hw.name} leaves {budget / 1e9:.1f} GB (raise tp or use a larger GPU)")]
+    kv_block_bytes = model.kv_bytes_per_token * g.scheduler.block_size / g.tp
+    if (budget - per_gpu_weights) < kv_block_bytes:
+        return [(f"{at}.scheduler", "no memory left for even one KV block")]
+    return []
+
+
+def load_cluster(path: Path | str, catalog: Catalog | None = None) -> ClusterSpec:
+    """Load and validate a cluster spec file; a bad file raises ConfigError naming file, field, reason."""
+    data = read_yaml(path)
+    ctx = {"catalog": catalog} if catalog is not None else None
+    return validate(ClusterSpec, data, source=str(path), context=ctx)
