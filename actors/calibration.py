@@ -13,7 +13,8 @@ loss so that a few anomalous points (Splitwise's A100 TP2 batch-64 prefill, for 
 from __future__ import annotations
 
 import csv
-import math
+import json
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -115,7 +116,7 @@ def load_points(path: Path = DEFAULT_DATA) -> list[Group]:
 
 def _efficiency(theta: Sequence[float], knee: int, fitted_on: str) -> Efficiency:
     values = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
-    return Efficiency(**values, knee_tokens=knee, fitted_on=fitted_on)  # type: ignore[arg-type]
+    return Efficiency(**values, knee_tokens=knee, fitted_on=fitted_on)
 
 
 def predict(hw: HardwareProfile, model: ModelProfile, tp: int, eff: Efficiency, pts: Sequence[Point]) -> np.ndarray:
@@ -170,7 +171,7 @@ def fit_hardware(cat: Catalog, hw_name: str, groups: Sequence[Group]) -> FitResu
     measured = [np.array([p.measured_ms for p in g.points]) for g in mine]
 
     def residuals(theta: np.ndarray, knee: int) -> np.ndarray:
-        eff = _efficiency(theta, knee, fitted_on)
+        eff = _efficiency(theta.tolist(), knee, fitted_on)
         out = [np.log(predict(hw, cat.models.get(g.model), g.tp, eff, g.points) / meas)
                for g, meas in zip(mine, measured, strict=True)]
         return np.concatenate(out)
@@ -216,7 +217,7 @@ def write_presets(fits: Sequence[FitResult], path: Path = PRESETS_DIR / "hardwar
             current = line.split(":", 1)[1].strip()
         if current in by_name and line.startswith("  efficiency:"):
             i += 1
-            while i < len(lines) and lines[i].startswith("    "):
+            while i < len(lines) and not re.match(r"^(- |#|  [A-Za-z_]+:)", lines[i]):
                 i += 1
             out.extend(_efficiency_block(by_name.pop(current)))
             continue
@@ -236,7 +237,7 @@ def _efficiency_block(eff: Efficiency) -> list[str]:
     lines = ["  efficiency:"]
     for k in (*PARAMS, "knee_tokens"):
         lines.append(f"    {k}: {getattr(eff, k)}")
-    lines.append(f"    fitted_on: {yaml.safe_dump(eff.fitted_on, default_style=None).strip()}")
+    lines.append(f"    fitted_on: {json.dumps(eff.fitted_on)}")
     return lines
 
 
@@ -248,5 +249,3 @@ def mape_summary(errors: Sequence[GroupError]) -> dict[str, float]:
         "worst_decode_p90": max(e.decode_p90 for e in errors),
     }
 
-
-__all__ = ["DEFAULT_DATA", "FitResult", "GroupError", "fit_all", "load_points", "write_presets", "math"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ def estimate_profile(cat: Catalog, name: str, prompt: int, output: int) -> Estim
         return RequestTimes(prefill, 1.0 / prof.decode_tokens_per_ms_decode, e2e, prefill, transfer,
                             e2e - prefill - transfer)
 
-    def diff(link: LinkProfile):  # noqa: ANN202
+    def diff(link: LinkProfile) -> Callable[[int], float]:
         return lambda p: ms_disaggregated(prof, p, output, link) - ms_colocated(prof, p, output)
 
     return Estimate(name, prompt, output, float(prompt * prof.kv_bytes_per_token), rdma.name, tcp.name,
@@ -102,7 +103,7 @@ def estimate_roofline(cat: Catalog, model: str, hardware: str, tp: int, prompt: 
     dec: CostModel = RooflineCostModel(cat.hardware.get(decode_hardware or hardware), m, tp)
     rdma, tcp = cat.links.get(rdma_link), cat.links.get(tcp_link)
 
-    def diff(link: LinkProfile):  # noqa: ANN202
+    def diff(link: LinkProfile) -> Callable[[int], float]:
         def f(p: int) -> float:
             c = request_colocated(pre, p, output, chunk).e2e_ms
             return request_disaggregated(pre, dec, link, p, output, chunk, tp).e2e_ms - c

@@ -68,7 +68,7 @@ class HardwareProfile(Frozen):
     def tflops(self, dtype: str) -> float:
         """Peak dense TFLOP/s for ``dtype``; a format without its own tensor-core rate runs at 16-bit rate."""
         if dtype in self.peak_tflops:
-            return self.peak_tflops[dtype]  # type: ignore[index]
+            return self.peak_tflops[dtype]
         if dtype in ("fp4", "int4") and "fp8" in self.peak_tflops:
             return self.peak_tflops["fp8"]
         return self.peak_tflops.get("bf16") or self.peak_tflops["fp16"]

@@ -27,7 +27,7 @@ def register(cmd: Command) -> Command:
 
 def build_parser() -> argparse.ArgumentParser:
     # Importing the modules registers their commands.
-    from cluster.cli import calibrate, estimate  # noqa: F401
+    from cluster.cli import calibrate, demo, estimate  # noqa: F401
 
     parser = argparse.ArgumentParser(
         prog="run_cluster.py",

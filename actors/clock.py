@@ -1,0 +1,104 @@
+"""The emulated clock: emulated milliseconds, time scaling, sleeps to absolute deadlines, step lag.
+
+``time_scale`` is wall seconds per emulated second (1.0 = real time, 0.2 = five times faster). Every
+emulated wait sleeps to an absolute deadline, so one sleep's overshoot is never carried into the next.
+Event-loop timers (uvloop's in particular) fire up to about a millisecond late, so the clock sleeps to
+``spin_ms`` before the deadline and then yields to the loop until the deadline has passed: a few
+hundred microseconds of polling per wait buys sub-millisecond lag. ``spin_ms=0`` turns polling off.
+
+Lag is how late a deadline really ended, in wall milliseconds; ``lag_emulated_ms`` divides by the scale
+(a 1 ms wall lag at scale 0.1 is 10 emulated ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+DEFAULT_SPIN_MS = 1.0
+
+
+class Clock:
+    """Emulated time for one process. ``now_ms()`` starts at 0 when the clock is made (or at ``origin``)."""
+
+    def __init__(self, time_scale: float = 1.0, *, spin_ms: float = DEFAULT_SPIN_MS,
+                 monotonic: Callable[[], float] = time.monotonic, origin: float | None = None) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.time_scale = time_scale
+        self.spin_s = max(0.0, spin_ms) / 1000.0
+        self._monotonic = monotonic
+        self.origin = monotonic() if origin is None else origin
+
+    # -- conversions -------------------------------------------------------------------------------
+    def now_ms(self) -> float:
+        """Emulated milliseconds since the origin."""
+        return (self._monotonic() - self.origin) / self.time_scale * 1000.0
+
+    def wall_of(self, emulated_ms: float) -> float:
+        """The monotonic wall time at which emulated time ``emulated_ms`` happens."""
+        return self.origin + emulated_ms / 1000.0 * self.time_scale
+
+    def to_emulated_ms(self, wall_seconds: float) -> float:
+        """A wall duration (seconds) as emulated milliseconds."""
+        return wall_seconds / self.time_scale * 1000.0
+
+    def to_wall_s(self, emulated_ms: float) -> float:
+        """An emulated duration (ms) as wall seconds."""
+        return emulated_ms / 1000.0 * self.time_scale
+
+    # -- waiting -----------------------------------------------------------------------------------
+    async def sleep_until(self, deadline_ms: float) -> float:
+        """Sleep until emulated time ``deadline_ms``; return the lag in wall ms (how late it really ended)."""
+        target = self.wall_of(deadline_ms)
+        mono = self._monotonic
+        remaining = target - mono()
+        if remaining > self.spin_s:
+            await asyncio.sleep(remaining - self.spin_s)
+        if self.spin_s > 0:
+            while mono() < target:
+                await asyncio.sleep(0)
+        else:
+            remaining = target - mono()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        return max(0.0, (mono() - target) * 1000.0)
+
+    async def sleep_for(self, duration_ms: float) -> float:
+        """Sleep ``duration_ms`` emulated ms from now (to an absolute deadline); return the wall lag in ms."""
+        return await self.sleep_until(self.now_ms() + duration_ms)
+
+    def lag_emulated_ms(self, wall_lag_ms: float) -> float:
+        return wall_lag_ms / self.time_scale
+
+
+class LagRecorder:
+    """Keeps recent step lags (wall ms) in a bounded ring and answers percentiles."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._buf: list[float] = []
+        self._i = 0
+        self.count = 0
+        self.max_ms = 0.0
+
+    def add(self, lag_ms: float) -> None:
+        self.count += 1
+        self.max_ms = max(self.max_ms, lag_ms)
+        if len(self._buf) < self.capacity:
+            self._buf.append(lag_ms)
+        else:
+            self._buf[self._i] = lag_ms
+            self._i = (self._i + 1) % self.capacity
+
+    def percentile(self, q: float) -> float:
+        if not self._buf:
+            return 0.0
+        data = sorted(self._buf)
+        k = min(len(data) - 1, max(0, round(q / 100.0 * (len(data) - 1))))
+        return data[k]
+
+    def summary(self) -> dict[str, float]:
+        return {"p50": self.percentile(50), "p99": self.percentile(99), "max": self.max_ms,
+                "count": float(self.count)}

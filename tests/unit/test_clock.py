@@ -1,0 +1,71 @@
+"""The emulated clock: conversions, absolute deadlines, lag."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from actors.clock import Clock, LagRecorder
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_conversions_follow_the_time_scale() -> None:
+    ft = FakeTime()
+    c = Clock(0.2, monotonic=ft)
+    assert c.now_ms() == 0.0
+    ft.t += 1.0  # one wall second at scale 0.2 is five emulated seconds
+    assert c.now_ms() == pytest.approx(5000.0)
+    assert c.wall_of(5000.0) == pytest.approx(101.0)
+    assert c.to_wall_s(1000.0) == pytest.approx(0.2)
+    assert c.to_emulated_ms(0.2) == pytest.approx(1000.0)
+    assert c.lag_emulated_ms(1.0) == pytest.approx(5.0)
+
+
+def test_bad_scale_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        Clock(0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1])
+@pytest.mark.parametrize("spin", [1.0, 0.0])
+async def test_sleep_until_never_wakes_before_the_deadline(scale: float, spin: float) -> None:
+    c = Clock(scale, spin_ms=spin)
+    deadline = 0.0
+    for d in (3.0, 1.0, 7.0, 0.5, 2.0):
+        deadline += d
+        lag = await c.sleep_until(deadline)
+        assert time.monotonic() >= c.wall_of(deadline)
+        assert lag >= 0.0
+
+
+async def test_deadlines_in_the_past_return_at_once_with_their_lag() -> None:
+    c = Clock(1.0)
+    await asyncio.sleep(0.01)
+    lag = await c.sleep_until(0.0)
+    assert lag >= 10.0
+
+
+async def test_overshoot_does_not_accumulate_over_absolute_deadlines() -> None:
+    c = Clock(1.0, spin_ms=0.0)
+    for i in range(1, 21):
+        await c.sleep_until(i * 2.0)
+    # 20 sleeps of 2 ms to absolute deadlines end near 40 ms, however late each single one woke.
+    assert c.now_ms() < 40.0 + 25.0
+
+
+def test_lag_recorder_percentiles_and_bound() -> None:
+    r = LagRecorder(capacity=100)
+    for i in range(1000):
+        r.add(float(i % 100))
+    assert r.count == 1000 and r.max_ms == 99.0
+    assert r.percentile(50) == pytest.approx(50.0, abs=1)
+    assert len(r._buf) == 100

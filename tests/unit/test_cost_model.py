@@ -1,0 +1,169 @@
+"""The cost model: the lessons card's figures, roofline behaviour, MoE and MLA, TP, the estimate command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.cost_model import (
+    EmpiricalCostModel,
+    RooflineCostModel,
+    StepShape,
+    crossover,
+    ms_colocated,
+    ms_disaggregated,
+    request_colocated,
+)
+from cluster.estimate import estimate_profile, estimate_roofline
+from config import default_catalog
+from tests.conftest import REPO_ROOT
+
+CAT = default_catalog()
+LESSON = CAT.profiles.get("lesson-70b-fp8")
+
+
+def test_lessons_card_closed_forms() -> None:
+    assert ms_colocated(LESSON, 4096, 500) == pytest.approx(5102.4)
+    assert ms_disaggregated(LESSON, 4096, 500, CAT.links.get("lesson-rdma")) == pytest.approx(2885.3, abs=0.05)
+    assert ms_disaggregated(LESSON, 4096, 500, CAT.links.get("lesson-tcp")) == pytest.approx(2931.4, abs=0.05)
+
+
+def test_estimate_command_prints_the_lessons_card_figures_as_json() -> None:
+    out = subprocess.run([sys.executable, "run_cluster.py", "estimate", "--profile", "lesson-70b-fp8", "--prompt",
+                          "4096", "--output", "500", "--json"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert round(obj["colocated_ms"], 1) == 5102.4
+    assert round(obj["disaggregated_rdma_ms"], 1) == 2885.3
+    assert round(obj["disaggregated_tcp_ms"], 1) == 2931.4
+    assert obj["ttft_ms"] == pytest.approx(102.4)
+    assert obj["tpot_ms"] == pytest.approx(10.0)
+    # disaggregated - colocated = 1.25e-3 P - 500 (10 - 5.556) over RDMA: zero at P = 1,777,778.
+    assert obj["crossover_prompt_tokens"] == 1777778
+    assert obj["crossover_prompt_tokens_tcp"] == 177778
+
+
+def test_estimate_rejects_unknown_names_cleanly() -> None:
+    r = subprocess.run([sys.executable, "run_cluster.py", "estimate", "--model", "nope", "--hardware",
+                        "h100-80g-sxm", "--prompt", "10", "--output", "5"], cwd=REPO_ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode != 0
+    assert "unknown model 'nope'" in r.stderr
+
+
+def test_empirical_step_uses_role_rate() -> None:
+    co = EmpiricalCostModel(LESSON, "colocated")
+    de = EmpiricalCostModel(LESSON, "decode")
+    assert co.step(StepShape.of(prefills=[(4000, 0)])).total_ms == pytest.approx(100.0)
+    assert co.step(StepShape.of(decodes=[10, 20, 30])).total_ms == pytest.approx(10.0)
+    assert de.step(StepShape.of(decodes=[10])).total_ms == pytest.approx(1 / 0.18)
+    assert co.step(StepShape()).total_ms == 0.0
+
+
+def test_step_shape_aggregates() -> None:
+    s = StepShape.of(prefills=[(4, 10), (2, 0)], decodes=[7, 9])
+    assert (s.prefill_tokens, s.prefill_seqs, s.decode_seqs, s.decode_context) == (6, 2, 2, 16)
+    assert s.prefill_pairs == 4 * 10 + 4 * 5 / 2 + 2 * 3 / 2
+    assert s.kv_read_tokens == 10 + 16
+    assert s.tokens == 8 and s.seqs == 4
+
+
+def roofline(model: str = "llama-3.1-70b", hw: str = "h100-80g-sxm", tp: int = 4) -> RooflineCostModel:
+    return RooflineCostModel(CAT.hardware.get(hw), CAT.models.get(model), tp)
+
+
+def test_decode_is_memory_bound_and_large_prefill_compute_bound() -> None:
+    cm = roofline()
+    assert cm.step(StepShape.of(decodes=[1000])).bound == "memory"
+    assert cm.step(StepShape.of(prefills=[(8192, 0)])).bound == "compute"
+
+
+def test_single_gpu_has_no_allreduce_and_tp_adds_it() -> None:
+    assert roofline("llama-3.1-8b", tp=1).allreduce_ms(4096) == 0.0
+    assert roofline("llama-3.1-8b", tp=2).allreduce_ms(4096) > 0.0
+    assert roofline(tp=8).allreduce_ms(4096) > roofline(tp=2).allreduce_ms(4096)
+
+
+def test_tensor_parallelism_speeds_up_a_large_prefill() -> None:
+    shape = StepShape.of(prefills=[(8192, 0)])
+    assert roofline(tp=8).step(shape).total_ms < roofline(tp=2).step(shape).total_ms
+
+
+def test_faster_hardware_is_faster() -> None:
+    shape = StepShape.of(decodes=[2000] * 32)
+    assert roofline(hw="h200-141g-sxm").step(shape).total_ms < roofline(hw="h100-80g-sxm").step(shape).total_ms
+    assert roofline(hw="h100-80g-sxm").step(shape).total_ms < roofline(hw="a100-80g-sxm").step(shape).total_ms
+
+
+def test_moe_reads_only_touched_experts_and_computes_active_params() -> None:
+    moe = CAT.models.get("qwen3-30b-a3b")
+    assert moe.active_params_b == pytest.approx(3.3, abs=0.05)
+    one = moe.expert_weight_bytes_read(1)
+    assert one == pytest.approx(28.99e9 * 2 * 8 / 128)
+    assert moe.expert_weight_bytes_read(10_000) == pytest.approx(28.99e9 * 2, rel=1e-6)
+    assert moe.expert_weight_bytes_read(4) < moe.expert_weight_bytes_read(64)
+    dense = CAT.models.get("qwen3-32b")
+    hw = CAT.hardware.get("h100-80g-sxm")
+    shape = StepShape.of(decodes=[1000])
+    assert RooflineCostModel(hw, moe).step(shape).total_ms < RooflineCostModel(hw, dense).step(shape).total_ms
+
+
+def test_kv_bytes_per_token_follow_the_architecture() -> None:
+    assert CAT.models.get("llama-3.1-8b").kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    assert CAT.models.get("llama-3.1-70b").kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert CAT.models.get("bloom-176b").kv_bytes_per_token == 2 * 70 * 112 * 128 * 2
+    # MLA: one latent (512) plus the rope key (64) per layer, not 2 x heads x head_dim.
+    assert CAT.models.get("deepseek-v3").kv_bytes_per_token == 61 * (512 + 64) * 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 4096), st.integers(0, 8192), st.integers(0, 64), st.integers(1, 8000),
+       st.sampled_from(["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "llama-3.1-70b"]), st.sampled_from([1, 2, 8]))
+def test_more_work_never_takes_less_time(n: int, ctx: int, decodes: int, dctx: int, model: str, tp: int) -> None:
+    cm = RooflineCostModel(CAT.hardware.get("b200-180g-sxm"), CAT.models.get(model), tp)
+    base = StepShape.of(prefills=[(n, ctx)] if n else [], decodes=[dctx] * decodes)
+    more_tokens = StepShape.of(prefills=[(n + 16, ctx)], decodes=[dctx] * decodes)
+    more_ctx = StepShape.of(prefills=[(n, ctx + 512)] if n else [], decodes=[dctx + 512] * decodes)
+    more_seqs = StepShape.of(prefills=[(n, ctx)] if n else [], decodes=[dctx] * (decodes + 1))
+    t = cm.step(base).total_ms
+    assert cm.step(more_tokens).total_ms >= t
+    assert cm.step(more_ctx).total_ms >= t
+    assert cm.step(more_seqs).total_ms >= t
+    assert (t == 0.0) == base.empty
+
+
+def test_chunked_prefill_on_one_gpu_costs_more_than_one_whole_step() -> None:
+    # On one GPU each chunk re-reads the weights and pays the step overhead. (Under TP the fitted all-reduce
+    # knee makes 2048-token chunks cheaper than one 16K step, as Splitwise's TP4/TP8 prefill measurements show.)
+    cm = roofline("llama-3.1-8b", tp=1)
+    whole = request_colocated(cm, 16384, 2, 16384).prefill_ms
+    chunked = request_colocated(cm, 16384, 2, 2048).prefill_ms
+    assert chunked > whole
+
+
+def test_crossover_bisects_to_the_exact_integer() -> None:
+    assert crossover(lambda p: p - 1000.5) == 1001
+    assert crossover(lambda p: 5.0) is None
+
+
+def test_roofline_estimate_on_identical_hardware_never_favours_disaggregation() -> None:
+    est = estimate_roofline(CAT, "llama-3.1-70b", "h100-80g-sxm", 4, 4096, 200)
+    assert est.rdma.e2e_ms > est.colocated.e2e_ms
+    assert est.tcp.e2e_ms > est.rdma.e2e_ms
+    assert est.crossover_rdma is None
+    assert est.rdma.ttft_ms == est.colocated.ttft_ms
+    # Faster decode hardware can pay for the transfer.
+    mixed = estimate_roofline(CAT, "llama-3.1-70b", "a100-80g-sxm", 4, 1024, 500, decode_hardware="h200-141g-sxm")
+    assert mixed.rdma.e2e_ms < mixed.colocated.e2e_ms
+
+
+def test_profile_estimate_json_keys() -> None:
+    obj = estimate_profile(CAT, "lesson-70b-fp8", 1000, 10).to_json()
+    for key in ("colocated_ms", "disaggregated_rdma_ms", "disaggregated_tcp_ms", "ttft_ms", "tpot_ms",
+                "crossover_prompt_tokens"):
+        assert key in obj
