@@ -19,15 +19,22 @@ COMMANDS: dict[str, Command] = {}
 
 
 def register(cmd: Command) -> Command:
-    if cmd.name in COMMANDS:
+    if COMMANDS.get(cmd.name, cmd) is not cmd:
         raise ValueError(f"command {cmd.name!r} registered twice")
     COMMANDS[cmd.name] = cmd
     return cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Importing the modules registers their commands.
-    from cluster.cli import calibrate, demo, estimate  # noqa: F401
+    # Importing every module of this package registers its command.
+    import importlib
+    import pkgutil
+
+    import cluster.cli as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.name.startswith("_") and info.name != "output":
+            importlib.import_module(f"cluster.cli.{info.name}")
 
     parser = argparse.ArgumentParser(
         prog="run_cluster.py",
