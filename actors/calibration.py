@@ -37,13 +37,13 @@ DEFAULT_DATA = REPO_ROOT.parent / "shared" / "calibration" / "splitwise_dgx" / "
 MODEL_NAMES = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b"}
 HARDWARE_NAMES = {"a100-80gb": "a100-80g-sxm", "h100-80gb": "h100-80g-sxm", "h100-80gb-pcap": "h100-80g-sxm-pcap"}
 
-PARAMS = ("compute", "memory", "link", "link_large", "step_overhead_ms", "per_seq_overhead_ms",
+PARAMS = ("compute", "memory", "link", "link_large", "layer_overhead_us", "seq_layer_overhead_us",
           "allreduce_latency_us")
 # Physical ranges: no GPU sustains its full tensor peak, HBM or link bandwidth in a real step.
 LOWER = np.array([0.02, 0.02, 0.02, 0.005, 0.0, 0.0, 0.0])
-UPPER = np.array([0.95, 0.92, 0.95, 0.95, 200.0, 10.0, 1000.0])
-STARTS = ([0.5, 0.7, 0.5, 0.1, 10.0, 0.2, 20.0], [0.3, 0.4, 0.9, 0.05, 20.0, 0.4, 5.0],
-          [0.8, 0.9, 0.3, 0.2, 2.0, 0.05, 5.0])
+UPPER = np.array([0.95, 0.92, 0.95, 0.95, 2000.0, 100.0, 1000.0])
+STARTS = ([0.5, 0.7, 0.5, 0.1, 120.0, 2.0, 20.0], [0.3, 0.4, 0.9, 0.05, 250.0, 4.0, 5.0],
+          [0.8, 0.9, 0.3, 0.2, 25.0, 0.5, 5.0])
 KNEE_GRID = (1024, 1536, 2048, 2560, 3072, 4096)
 
 

@@ -7,7 +7,7 @@ theirs)::
     compute   = (2 x active params x tokens + attention FLOPs) / (TP x peak x eff_compute)
     memory    = (weights read + KV read + KV written) / (TP x HBM bandwidth x eff_memory)
     all-reduce = 2 per layer of tokens x hidden x 2 bytes, ring over TP GPUs on the node link
-    overhead  = fixed step overhead + per-sequence overhead x sequences
+    overhead  = layers x (per-layer overhead + per-sequence overhead x sequences)
 
 MoE models count active parameters for compute and the expected distinct experts a step touches for
 weight reads. KV bytes per token follow the architecture (GQA or MLA). The free parameters (the
@@ -128,6 +128,8 @@ class RooflineCostModel:
         self._link_bytes_per_ms = hardware.intra_node_link_gbps * 1e9 * eff.link / 1e3
         self._link_large_bytes_per_ms = hardware.intra_node_link_gbps * 1e9 * eff.link_large / 1e3
         self._knee_tokens = eff.knee_tokens
+        self._layer_overhead_ms = eff.layer_overhead_us * model.num_layers / 1e3
+        self._seq_overhead_ms = eff.seq_layer_overhead_us * model.num_layers / 1e3
         self._allreduce_calls = 2 * model.num_layers
         self._allreduce_bytes_per_token = model.hidden_size * ACTIVATION_BYTES
 
@@ -156,7 +158,7 @@ class RooflineCostModel:
         kv_bytes = self.kv_bytes_per_token * (shape.kv_read_tokens + tokens)
         memory = (weight_bytes + kv_bytes) / self._bytes_per_ms
         comm = self.allreduce_ms(tokens)
-        overhead = self.eff.step_overhead_ms + self.eff.per_seq_overhead_ms * shape.seqs
+        overhead = self._layer_overhead_ms + self._seq_overhead_ms * shape.seqs
         return StepTime(max(compute, memory) + comm + overhead, compute, memory, comm, overhead)
 
 

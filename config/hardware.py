@@ -26,10 +26,12 @@ class Efficiency(Frozen):
     """Achieved link fraction for the tokens of a step beyond ``knee_tokens``: large activation tensors
     overflow on-chip buffers and the all-reduce stops overlapping (seen as a knee in measured prefill)."""
     knee_tokens: PositiveInt = 2048
-    step_overhead_ms: NonNegativeFloat = 5.0
-    """Fixed cost of one engine step (scheduling, kernel launches, sampling set-up)."""
-    per_seq_overhead_ms: NonNegativeFloat = 0.05
-    """Cost per sequence in a step (per-sequence attention kernels, sampling, detokenize)."""
+    layer_overhead_us: NonNegativeFloat = 60.0
+    """Fixed cost per layer of one engine step (kernel launches, synchronisation), microseconds; a step
+    pays it once per layer, so a small model pays less than a large one."""
+    seq_layer_overhead_us: NonNegativeFloat = 1.0
+    """Cost per sequence per layer of a step (per-sequence attention work that does not scale with
+    FLOPs or bytes, sampling), microseconds."""
     allreduce_latency_us: NonNegativeFloat = 10.0
     """Latency of one all-reduce hop (ring step) on the intra-node link."""
     fitted_on: str = "defaults"

@@ -35,7 +35,7 @@ def test_fitted_values_stay_physical() -> None:
         assert eff.fitted_on.startswith("splitwise_dgx")
         for frac in (eff.compute, eff.memory, eff.link, eff.link_large):
             assert 0 < frac <= 1
-        assert eff.step_overhead_ms >= 0 and eff.per_seq_overhead_ms >= 0
+        assert eff.layer_overhead_us >= 0 and eff.seq_layer_overhead_us >= 0
 
 
 def test_refitting_one_hardware_reproduces_the_bounds(groups) -> None:

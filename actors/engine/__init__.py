@@ -1,0 +1,1 @@
+"""The emulated inference engine: vLLM-like scheduler and paged KV cache over a cost model and a clock."""

@@ -1,0 +1,293 @@
+"""The engine: one emulated GPU (or TP group) running vLLM's step loop against the cost model.
+
+Each step: plan (``Scheduler.schedule``), ask the cost model how long that batch takes, sleep to the
+step's absolute deadline on the emulated clock, then apply the step (tokens out, blocks cached or freed,
+KV events published) and record how late the wake-up really was (the step lag).
+
+Time: a step starts when the previous one ended (``prev_end``) if the engine stayed busy, or at the
+current emulated time after an idle wait. Only requests that arrived by a step's start join it. Because
+every deadline is absolute, a late wake-up shortens the next sleep instead of shifting the timeline; a
+host too slow to keep up shows as growing lag, which is measured and reported, never hidden.
+
+Failure behaviour: a request that can never run (prompt beyond the context, more KV blocks than the
+engine has) is refused at submission with ``EngineError``; aborting a request (client gone) frees its
+blocks at once; ``stop()`` aborts everything still queued or running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from actors.clock import Clock, LagRecorder
+from actors.cost_model import CostModel, StepTime
+from actors.engine.kv_blocks import KVEvent
+from actors.engine.kv_manager import KVCacheManager
+from actors.engine.scheduler import ScheduledStep, Scheduler, SchedulerLimits, TokenOutput
+from actors.engine.sequence import FinishReason, RequestId, Sequence
+from actors.engine.tokenizer import OutputModel
+
+
+class EngineError(Exception):
+    """A request the engine refuses; ``status`` is the HTTP status the API should answer with."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str
+    model_name: str
+    role: str
+    num_blocks: int
+    block_size: int
+    limits: SchedulerLimits
+    enable_prefix_caching: bool = True
+    vocab_size: int = 32000
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """Tokens a step produced for one request, at emulated time ``time_ms``."""
+
+    token_ids: tuple[int, ...]
+    time_ms: float
+    finish_reason: FinishReason | None = None
+
+
+class EngineObserver(Protocol):
+    """What the engine reports as it runs (the metrics exporter implements it)."""
+
+    def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None: ...
+
+    def on_tokens(self, engine: Engine, outputs: list[TokenOutput], end_ms: float) -> None: ...
+
+    def on_finish(self, engine: Engine, seq: Sequence) -> None: ...
+
+
+class RequestStream:
+    """The engine's output for one request, consumed by the API handler."""
+
+    def __init__(self, engine: Engine, seq: Sequence) -> None:
+        self.engine = engine
+        self.seq = seq
+        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.seq.request_id
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[StreamEvent]:
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+    def abort(self) -> None:
+        self.engine.abort(self.seq.request_id)
+
+
+class Engine:
+    """One emulated GPU engine (see the module docstring)."""
+
+    def __init__(self, cfg: EngineConfig, cost: CostModel, clock: Clock,
+                 observers: list[EngineObserver] | None = None) -> None:
+        self.cfg = cfg
+        self.cost = cost
+        self.clock = clock
+        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.outputs = OutputModel(cfg.vocab_size)
+        self.scheduler = Scheduler(cfg.limits, self.kv, self._next_token)
+        self.observers = list(observers or [])
+        self.kv_subscribers: list[Callable[[int, list[KVEvent]], None]] = []
+        self.lag = LagRecorder()
+        self.steps = 0
+        self.busy_ms = 0.0
+        self.kv_event_seq = 0
+        self._streams: dict[RequestId, RequestStream] = {}
+        self._bases: dict[RequestId, int] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"engine-{self.cfg.name}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for rid in list(self._streams):
+            self.abort(rid)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
+               request_id: str | None = None, arrival_ms: float | None = None) -> RequestStream:
+        """Queue a request; raises EngineError (400) when it can never run here."""
+        if self._stopping:
+            raise EngineError(503, "engine is shutting down")
+        n_prompt = len(prompt_ids)
+        limit = self.cfg.limits.max_context
+        if n_prompt == 0:
+            raise EngineError(400, "the prompt is empty", "prompt")
+        if max_tokens is None:
+            max_tokens = limit - n_prompt
+        if max_tokens < 1:
+            raise EngineError(400, "max_tokens must be at least 1", "max_tokens")
+        if n_prompt + max_tokens > limit:
+            raise EngineError(400, f"This model's maximum context length is {limit} tokens. However, you "
+                                   f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, "
+                                   f"{max_tokens} in the completion). Please reduce the length of the "
+                                   "messages or completion.", "max_tokens")
+        need = -(-(n_prompt + 1) // self.cfg.block_size)
+        if need > self.cfg.num_blocks:
+            raise EngineError(400, f"the prompt needs {need} KV blocks but this engine has {self.cfg.num_blocks}",
+                              "prompt")
+        rid = RequestId(request_id or f"{self.cfg.name}-{next(self._ids)}")
+        if rid in self._streams:
+            raise EngineError(400, f"request id {rid!r} is already in flight", "request_id")
+        base = self.outputs.seed_of(prompt_ids, seed)
+        seq = Sequence(rid, list(prompt_ids), max_tokens,
+                       arrival_ms=self.clock.now_ms() if arrival_ms is None else arrival_ms,
+                       stop_after=None if ignore_eos else self.outputs.natural_length(base))
+        stream = RequestStream(self, seq)
+        self._streams[rid] = stream
+        self._bases[rid] = base
+        self.scheduler.add(seq)
+        self._wake.set()
+        return stream
+
+    def abort(self, rid: RequestId) -> None:
+        seq = self.scheduler.abort(rid)
+        stream = self._streams.pop(rid, None)
+        self._bases.pop(rid, None)
+        if stream is not None:
+            stream.queue.put_nowait(StreamEvent((), self.clock.now_ms(), FinishReason.ABORT))
+        if seq is not None:
+            for o in self.observers:
+                o.on_finish(self, seq)
+            self._publish_kv_events()
+            self._wake.set()
+
+    def _next_token(self, seq: Sequence) -> int:
+        return self.outputs.token(self._bases[seq.request_id], len(seq.output_ids))
+
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def kv_usage(self) -> float:
+        return self.kv.usage()
+
+    def load(self) -> dict[str, float]:
+        lag = self.lag.summary()
+        return {"running": self.num_running, "waiting": self.num_waiting, "kv_usage": self.kv_usage(),
+                "free_blocks": self.kv.pool.num_free, "num_blocks": self.cfg.num_blocks,
+                "lag_p50_ms": lag["p50"], "lag_p99_ms": lag["p99"], "lag_max_ms": lag["max"],
+                "steps": self.steps}
+
+    # -- the step loop -----------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        prev_end: float | None = None
+        sched = self.scheduler
+        while not self._stopping:
+            if not sched.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                prev_end = None
+                continue
+            now = self.clock.now_ms()
+            start = now if prev_end is None else prev_end
+            step = sched.schedule(start)
+            if step.empty:
+                early = sched.earliest_waiting_arrival()
+                if early is not None and start < early <= now:
+                    step = sched.schedule(early)
+                    start = early
+            if step.empty:
+                if not sched.running and self._drop_unrunnable(start):
+                    continue
+                # Nothing can run until something finishes, is aborted or arrives.
+                self._wake.clear()
+                await self._wake.wait()
+                prev_end = None
+                continue
+            cost = self.cost.step(step.shape())
+            end = start + cost.total_ms
+            lag = await self.clock.sleep_until(end)
+            prev_end = end
+            self.steps += 1
+            self.busy_ms += cost.total_ms
+            self.lag.add(lag)
+            outputs = sched.complete(step, end)
+            self._deliver(outputs, end)
+            for o in self.observers:
+                o.on_step(self, step, cost, lag)
+                o.on_tokens(self, outputs, end)
+            self._publish_kv_events()
+            await asyncio.sleep(0)  # let handlers run between steps even when the host lags
+
+    def _drop_unrunnable(self, now_ms: float) -> bool:
+        """The head of the queue needs more blocks than the engine holds in total: finish it (length)."""
+        head = self.scheduler.waiting[0] if self.scheduler.waiting else None
+        if head is None or head.arrival_ms > now_ms:
+            return False
+        if self.kv.blocks_needed(head, head.num_tokens) <= self.cfg.num_blocks:
+            return False
+        self.scheduler.waiting.popleft()
+        head.finish_reason = FinishReason.LENGTH
+        self._close(head, now_ms)
+        return True
+
+    def _deliver(self, outputs: list[TokenOutput], end_ms: float) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.seq.request_id)
+            if stream is None:
+                continue
+            stream.queue.put_nowait(StreamEvent((out.token_id,), end_ms, out.finish_reason))
+            if out.finish_reason is not None:
+                self._streams.pop(out.seq.request_id, None)
+                self._bases.pop(out.seq.request_id, None)
+                for o in self.observers:
+                    o.on_finish(self, out.seq)
+
+    def _close(self, seq: Sequence, now_ms: float) -> None:
+        stream = self._streams.pop(seq.request_id, None)
+        self._bases.pop(seq.request_id, None)
+        if stream is not None:
+            stream.queue.put_nowait(StreamEvent((), now_ms, seq.finish_reason or FinishReason.LENGTH))
+        for o in self.observers:
+            o.on_finish(self, seq)
+
+    def _publish_kv_events(self) -> None:
+        events = self.kv.pool.take_events()
+        if not events:
+            return
+        self.kv_event_seq += 1
+        for sub in self.kv_subscribers:
+            sub(self.kv_event_seq, events)

@@ -1,0 +1,199 @@
+"""Paged KV blocks: prefix hashing, the block pool with its LRU free queue, and KV events.
+
+Layering (as vLLM v1's ``block_pool`` / ``kv_cache_utils``): this module knows blocks, hashes and the
+free queue; ``kv_manager`` knows requests.
+
+Invariants of ``BlockPool`` (checked by the stateful property test):
+- every block is either in the free queue (``ref_cnt == 0``) or referenced (``ref_cnt > 0``), never both;
+- free + used = total;
+- a cached block (one with a hash) maps from its hash in ``cached``; evicting it (when the free queue
+  hands it out again) removes that mapping and emits a ``BlockRemoved`` event;
+- a referenced block is never evicted;
+- the free queue is LRU: blocks are handed out from the front; freed blocks join the back in the order
+  given (callers pass a request's blocks tail first, so its prefix outlives its tail).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NewType
+
+import numpy as np
+
+BlockHash = NewType("BlockHash", int)
+BlockId = NewType("BlockId", int)
+
+HashFn = Callable[[bytes], int]
+NONE_HASH = BlockHash(0)
+
+
+def blake2b_64(data: bytes) -> int:
+    """Stable 64-bit hash (the same in every process and run, unlike ``hash()``)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int], extra_keys: bytes = b"",
+                      hash_fn: HashFn = blake2b_64) -> BlockHash:
+    """Hash of one full block: a pure function of (parent hash, the block's token ids, extra keys).
+
+    Chaining through the parent makes equal hashes imply equal whole prefixes. ``extra_keys`` carries
+    what else must match for a block to be reused (model, adapter, cache salt).
+    """
+    head = struct.pack("<Q", parent if parent is not None else NONE_HASH)
+    body = np.asarray(tokens, dtype=np.uint32).tobytes()
+    return BlockHash(hash_fn(head + body + extra_keys) or 1)
+
+
+def hash_request_blocks(tokens: Sequence[int], block_size: int, extra_keys: bytes = b"",
+                        start: Sequence[BlockHash] = (), hash_fn: HashFn = blake2b_64) -> list[BlockHash]:
+    """Chained hashes of every full block of ``tokens``, extending the already known ``start`` hashes."""
+    out = list(start)
+    parent: BlockHash | None = out[-1] if out else None
+    for i in range(len(out), len(tokens) // block_size):
+        parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys, hash_fn)
+        out.append(parent)
+    return out
+
+
+# -- events --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[BlockHash, ...]
+    parent_block_hash: BlockHash | None
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    block_id: BlockId
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+    def __repr__(self) -> str:
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class NoFreeBlocks(Exception):
+    """The pool cannot hand out the blocks asked for (callers check ``num_free`` first)."""
+
+
+@dataclass
+class BlockPool:
+    """All KV blocks of one engine, a hash -> block map of cached full blocks, and an LRU free queue."""
+
+    num_blocks: int
+    block_size: int
+    enable_caching: bool = True
+    blocks: list[KVBlock] = field(init=False)
+    free: OrderedDict[BlockId, KVBlock] = field(init=False)
+    cached: dict[BlockHash, KVBlock] = field(init=False)
+    events: list[KVEvent] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError("a block pool needs at least one block")
+        self.blocks = [KVBlock(BlockId(i)) for i in range(self.num_blocks)]
+        self.free = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached = {}
+        self.events = []
+
+    # -- queries -----------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks
+
+    def lookup(self, block_hash: BlockHash) -> KVBlock | None:
+        return self.cached.get(block_hash) if self.enable_caching else None
+
+    # -- allocation --------------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[KVBlock]:
+        """Hand out ``n`` blocks from the front of the free queue, evicting their cached contents."""
+        if n > len(self.free):
+            raise NoFreeBlocks(f"asked for {n} blocks, {len(self.free)} free")
+        out = []
+        removed: list[BlockHash] = []
+        for _ in range(n):
+            _, block = self.free.popitem(last=False)
+            if block.block_hash is not None:
+                if self.cached.get(block.block_hash) is block:
+                    del self.cached[block.block_hash]
+                    removed.append(block.block_hash)
+                block.block_hash = None
+            block.ref_cnt = 1
+            out.append(block)
+        if removed:
+            self.events.append(BlockRemoved(tuple(removed)))
+        return out
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take a reference on cached blocks (a prefix hit); a free one leaves the free queue."""
+        for b in blocks:
+            if b.ref_cnt == 0:
+                del self.free[b.block_id]
+            b.ref_cnt += 1
+
+    def release(self, blocks: Iterable[KVBlock]) -> None:
+        """Drop one reference from each block; a block reaching zero joins the back of the free queue.
+
+        Pass blocks in eviction order: the first to be reused first.
+        """
+        for b in blocks:
+            if b.ref_cnt <= 0:
+                raise AssertionError(f"release of an unreferenced block {b!r}")
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                self.free[b.block_id] = b
+
+    def cache_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash],
+                     parent: BlockHash | None) -> None:
+        """Record newly full blocks under their hashes (first writer wins) and emit one stored event."""
+        if not self.enable_caching or not blocks:
+            return
+        stored: list[BlockHash] = []
+        for b, h in zip(blocks, hashes, strict=True):
+            if b.block_hash is not None:
+                continue
+            b.block_hash = h
+            if h not in self.cached:
+                self.cached[h] = b
+                stored.append(h)
+        if stored:
+            self.events.append(BlockStored(tuple(stored), parent, self.block_size))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only when no block is referenced (as vLLM). Emits all-cleared."""
+        if self.num_used:
+            return False
+        for b in self.blocks:
+            b.block_hash = None
+        self.cached.clear()
+        self.events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVEvent]:
+        ev, self.events = self.events, []
+        return ev

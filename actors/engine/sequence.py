@@ -1,0 +1,78 @@
+"""A request as the engine tracks it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+from actors.engine.kv_blocks import BlockHash, hash_request_blocks
+
+RequestId = NewType("RequestId", str)
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request: its prompt, what it has generated, how much of it the KV cache holds.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache (computed or hit). A decoding sequence
+    always has exactly one uncomputed token (the last one generated), which the next step computes.
+    Preemption by recompute sets ``num_computed_tokens`` back to 0; prompt and outputs are kept.
+    """
+
+    request_id: RequestId
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival_ms: float
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    stop_after: int | None = None
+    """Natural end (the emulated model's EOS) after this many tokens; None with ignore_eos."""
+    extra_keys: bytes = b""
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_scheduled_ms: float | None = None
+    first_token_ms: float | None = None
+    last_token_ms: float | None = None
+    finish_reason: FinishReason | None = None
+    num_cached_prompt_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def update_block_hashes(self, block_size: int) -> list[BlockHash]:
+        """Hashes of every full block of prompt + outputs (computed incrementally)."""
+        if len(self.block_hashes) < self.num_tokens // block_size:
+            self.block_hashes = hash_request_blocks(self.all_token_ids(), block_size, self.extra_keys,
+                                                    start=self.block_hashes)
+        return self.block_hashes
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.output_ids) and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def done(self) -> bool:
+        return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)

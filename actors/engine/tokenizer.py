@@ -1,0 +1,93 @@
+"""A deterministic built-in tokenizer and the emulated model's output tokens (no downloads).
+
+Text is cut into pieces of at most ``MAX_PIECE`` characters, each word carrying its leading
+whitespace (so ``" hello"`` and ``"hello"`` differ, as in BPE vocabularies); a piece's id is a stable
+hash into the vocabulary. The same text always gives the same ids, and two texts that share a prefix
+share the token ids of every piece wholly inside it (a cut in the middle of a word changes only
+that word's pieces). Output tokens are a pure function of (prompt ids, seed, position); ids decode to
+stable pseudo-words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+RESERVED = 16  # ids below this are special (0 = pad, 1 = bos, 2 = eos, ...)
+MAX_PIECE = 4
+_PIECE = re.compile(r"\s*\S+|\s+")
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"]
+
+
+def _h64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class Tokenizer:
+    def __init__(self, vocab_size: int = 32000) -> None:
+        if vocab_size <= RESERVED + 1:
+            raise ValueError("vocabulary too small")
+        self.vocab_size = vocab_size
+        self._span = vocab_size - RESERVED
+        self._cache: dict[str, int] = {}
+
+    def _piece_id(self, piece: str) -> int:
+        tid = self._cache.get(piece)
+        if tid is None:
+            tid = RESERVED + _h64(piece.encode()) % self._span
+            if len(self._cache) < 200_000:
+                self._cache[piece] = tid
+        return tid
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for m in _PIECE.finditer(text):
+            word = m.group(0)
+            for i in range(0, len(word), MAX_PIECE):
+                ids.append(self._piece_id(word[i:i + MAX_PIECE]))
+        return ids
+
+    def decode_one(self, token_id: int) -> str:
+        """A stable pseudo-word for an id (the emulated model's text)."""
+        if token_id < RESERVED:
+            return ""
+        a = _SYLLABLES[token_id % len(_SYLLABLES)]
+        b = _SYLLABLES[(token_id // len(_SYLLABLES)) % len(_SYLLABLES)]
+        return " " + a + b
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.decode_one(i) for i in ids)
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of a chat under a fixed template: a role header per message, then the assistant's."""
+        text = "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
+        return self.encode(text)
+
+    def valid_ids(self, ids: Sequence[int]) -> bool:
+        return all(isinstance(i, int) and 0 <= i < self.vocab_size for i in ids)
+
+
+class OutputModel:
+    """The emulated model's choices: the token at each position and where it would stop on its own."""
+
+    def __init__(self, vocab_size: int, min_natural: int = 16, max_natural: int = 512) -> None:
+        self.vocab_size = vocab_size
+        self.min_natural = min_natural
+        self.max_natural = max_natural
+
+    def seed_of(self, prompt_ids: Sequence[int], seed: int) -> int:
+        return _h64(struct.pack("<q", seed) + np.asarray(prompt_ids, dtype=np.uint32).tobytes())
+
+    def token(self, base: int, position: int) -> int:
+        x = (base ^ (position * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
+        x = ((x ^ (x >> 31)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+        return RESERVED + x % (self.vocab_size - RESERVED)
+
+    def natural_length(self, base: int) -> int:
+        """Where the emulated model emits EOS when ``ignore_eos`` is false."""
+        return self.min_natural + (base >> 7) % (self.max_natural - self.min_natural + 1)
