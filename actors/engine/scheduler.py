@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from actors.cost_model import StepShape
 from actors.engine.kv_manager import KVCacheManager
-from actors.engine.sequence import FinishReason, RequestId, Sequence, SeqStatus
+from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class Scheduler:
             self.stats.generation_tokens += 1
             if seq.first_token_ms is None:
                 seq.first_token_ms = end_ms
-            seq.last_token_ms = end_ms
+            seq.prev_token_ms, seq.last_token_ms = seq.last_token_ms, end_ms
             reason = self._finish_reason(seq)
             out.append(TokenOutput(seq, tok, reason))
             if reason is not None:

@@ -48,6 +48,7 @@ class Sequence:
     first_scheduled_ms: float | None = None
     first_token_ms: float | None = None
     last_token_ms: float | None = None
+    prev_token_ms: float | None = None
     finish_reason: FinishReason | None = None
     num_cached_prompt_tokens: int = 0
 

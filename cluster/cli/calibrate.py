@@ -51,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     for f in fits:
         eff = f.efficiency
         out.print(f"{f.hardware}: compute {eff.compute}, memory {eff.memory}, link {eff.link} "
-                  f"(beyond {eff.knee_tokens} tokens: {eff.link_large}), overhead per layer {eff.layer_overhead_us} us, "
-                  f"per sequence and layer {eff.seq_layer_overhead_us} us, all-reduce hop {eff.allreduce_latency_us} us")
+                  f"(beyond {eff.knee_tokens} tokens: {eff.link_large}), "
+                  f"overhead per layer {eff.layer_overhead_us} us, "
+                  f"per sequence and layer {eff.seq_layer_overhead_us} us, "
+                  f"all-reduce hop {eff.allreduce_latency_us} us")
     if args.write and fits:
         write_presets(fits)
         out.print("wrote the fitted values into config/presets/hardware.yaml")

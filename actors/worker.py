@@ -1,0 +1,70 @@
+"""The GPU worker: a Ray actor standing in for one GPU (or, with ``gpus_per_actor``, several).
+
+It builds its engines from the cluster spec, runs each engine's step loop and its own HTTP server on
+its event loop, and answers the driver's control calls (start, load, drain, stop). Per-token traffic
+never crosses Ray: clients talk HTTP to the engines directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from actors.clock import Clock
+from actors.engine.engine import Engine
+from actors.engine.factory import build_engine
+from actors.metrics import EngineMetrics
+from actors.server import EngineServer
+from config.cluster import ClusterSpec
+
+
+class GpuWorker:
+    """Hosts the named engines of ``spec`` (wrapped with ``ray.remote`` by the launcher)."""
+
+    def __init__(self, spec_json: str, engine_names: list[str], host: str = "127.0.0.1") -> None:
+        self.spec = ClusterSpec.model_validate_json(spec_json)
+        self.names = engine_names
+        self.host = host
+        self.clock = Clock(self.spec.time_scale)
+        self.engines: dict[str, Engine] = {}
+        self.servers: dict[str, EngineServer] = {}
+
+    async def start(self) -> dict[str, dict[str, Any]]:
+        """Start every engine and its server; return each engine's URL and placement."""
+        by_name = {e.name: e for e in self.spec.engines()}
+        out: dict[str, dict[str, Any]] = {}
+        for name in self.names:
+            inst = by_name[name]
+            cfg, cost = build_engine(inst)
+            metrics = EngineMetrics(cfg.model_name, name)
+            engine = Engine(cfg, cost, self.clock, observers=[metrics])
+            meta = {"role": inst.role, "region": inst.region, "node": inst.node, "model": cfg.model_name,
+                    "hardware": inst.hardware.name, "tp": inst.tp}
+            server = EngineServer(engine, metrics, host=self.host, meta=meta)
+            engine.start()
+            url = await server.start()
+            self.engines[name] = engine
+            self.servers[name] = server
+            out[name] = {**meta, "url": url, "num_blocks": cfg.num_blocks, "cost_model": cost.name}
+        return out
+
+    async def load(self) -> dict[str, dict[str, Any]]:
+        return {n: {**e.load(), "inflight": self.servers[n].inflight} for n, e in self.engines.items()}
+
+    async def drain(self, names: list[str] | None = None) -> None:
+        for n in names or list(self.servers):
+            self.servers[n].draining = True
+
+    async def stop(self) -> None:
+        for s in self.servers.values():
+            await s.stop()
+        for e in self.engines.values():
+            await e.stop()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def ping(self) -> bool:
+        await asyncio.sleep(0)
+        return True
