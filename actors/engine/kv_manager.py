@@ -57,8 +57,14 @@ class KVCacheManager:
         return PrefixHit(hit)
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, prefix: PrefixHit | None = None) -> int:
-        held = len(self.req_blocks.get(seq.request_id, ())) + (len(prefix.blocks) if prefix else 0)
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        """New blocks to hold ``num_new_tokens`` more tokens; with a prefix hit the sequence (not yet
+        holding anything) starts after the hit's tokens."""
+        held = len(self.req_blocks.get(seq.request_id, ()))
+        computed = seq.num_computed_tokens
+        if prefix is not None:
+            held += len(prefix.blocks)
+            computed = prefix.num_tokens(self.block_size)
+        total = -(-(computed + num_new_tokens) // self.block_size)
         return max(0, total - held)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix: PrefixHit | None = None) -> bool:
@@ -72,11 +78,11 @@ class KVCacheManager:
         if not self.can_allocate(seq, num_new_tokens, prefix):
             return False
         held = self.req_blocks.setdefault(seq.request_id, [])
+        need = self.blocks_needed(seq, num_new_tokens, prefix)
         if prefix and prefix.blocks:
             self.pool.touch(prefix.blocks)
             held.extend(prefix.blocks)
             self._num_cached[seq.request_id] = len(prefix.blocks)
-        need = self.blocks_needed(seq, num_new_tokens)
         if need:
             held.extend(self.pool.allocate(need))
         return True

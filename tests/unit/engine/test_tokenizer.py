@@ -1,0 +1,42 @@
+"""The built-in tokenizer and the emulated model's outputs."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.engine.tokenizer import RESERVED, OutputModel, Tokenizer
+
+TOK = Tokenizer(32000)
+
+
+def test_same_text_same_ids_and_in_vocabulary() -> None:
+    text = "The quick brown fox jumps over the lazy dog, twice!"
+    assert TOK.encode(text) == Tokenizer(32000).encode(text)
+    assert all(RESERVED <= t < 32000 for t in TOK.encode(text))
+    assert len(TOK.encode("hello")) == 2  # pieces of at most four characters
+
+
+@given(st.text(min_size=1, max_size=200), st.text(max_size=100), st.text(max_size=100))
+def test_shared_text_prefix_gives_shared_token_prefix(prefix: str, a: str, b: str) -> None:
+    # Cut at a whitespace boundary, the prefix's pieces are whole in both texts.
+    p = prefix + " "
+    ea, eb, ep = TOK.encode(p + "x" + a), TOK.encode(p + "x" + b), TOK.encode(p)
+    assert ea[: len(ep) - 1] == eb[: len(ep) - 1] == ep[:-1]
+
+
+def test_output_model_is_deterministic_and_in_range() -> None:
+    m = OutputModel(1000)
+    base = m.seed_of([1, 2, 3], 7)
+    assert base == m.seed_of([1, 2, 3], 7) != m.seed_of([1, 2, 3], 8)
+    toks = [m.token(base, i) for i in range(100)]
+    assert all(RESERVED <= t < 1000 for t in toks)
+    assert len(set(toks)) > 50
+    assert 16 <= m.natural_length(base) <= 512
+
+
+def test_chat_template_shares_the_system_prefix() -> None:
+    a = TOK.chat_prompt([("system", "You are terse."), ("user", "hi")])
+    b = TOK.chat_prompt([("system", "You are terse."), ("user", "bye")])
+    n = len(TOK.encode("<|system|>\nYou are terse.\n"))
+    assert a[:n] == b[:n]
