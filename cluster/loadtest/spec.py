@@ -10,6 +10,7 @@ token ids in memory.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +142,7 @@ class MalformedLog:
 def finish(source: Path | str, fmt: str, requests: list[RequestSpec], log: MalformedLog,
            block_size: int | None, notes: Sequence[str] = ()) -> TraceData:
     """Sort by arrival (stably, noting it if the file was out of order) and freeze the result."""
-    ordered = all(a.arrival_ms <= b.arrival_ms for a, b in zip(requests, requests[1:], strict=False))
+    ordered = all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(requests))
     out = requests if ordered else sorted(requests, key=lambda r: r.arrival_ms)
     all_notes = list(notes)
     if not ordered:

@@ -1,0 +1,218 @@
+"""Streaming OpenAI-completions client that times every chunk, as vLLM's benchmark client does.
+
+Each request is a POST to ``/v1/completions`` with a token-id prompt (the ``prompt`` field as a list of
+ints), ``max_tokens = output_len``, ``ignore_eos = true``, ``stream = true`` and
+``stream_options.include_usage = true``. The client reads the SSE stream line by line and stamps each
+``data:`` event with ``time.monotonic()``: an event whose ``choices`` list is non-empty is a content chunk
+(the first one gives TTFT, each later one an inter-token gap, the last one E2E); an event with ``usage``
+gives the token counts (``completion_tokens``, ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``).
+Wall durations become emulated ms by dividing by ``time_scale``.
+
+Per-request tags travel as headers (``X-Request-Id``, ``X-KVMesh-Origin-Region``,
+``X-KVMesh-Residency-Region``, ``X-Session-Id``) and ``priority`` as a body field (vLLM's name for it),
+only when set, so any OpenAI-compatible server accepts the request. The worker that served a request is
+read from the ``X-KVMesh-Worker`` response header when the router sets it.
+
+Failure behaviour: no exception escapes ``send``; a non-200 answer, a timeout, a dropped connection, an
+unparsable event or a stream without any content chunk becomes a record with that status and the error
+text (clipped), so a bad server never loses a request from the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from cluster.loadtest.record import RequestRecord, Status
+from cluster.loadtest.spec import RequestSpec
+from cluster.loadtest.synthesis import PromptSynthesizer
+
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+HEADER_REQUEST_ID = "X-Request-Id"
+HEADER_ORIGIN = "X-KVMesh-Origin-Region"
+HEADER_RESIDENCY = "X-KVMesh-Residency-Region"
+HEADER_SESSION = "X-Session-Id"
+HEADER_WORKER = "X-KVMesh-Worker"
+MAX_ERROR_CHARS = 300
+
+
+class TargetError(RuntimeError):
+    """The target cannot be used at all (no model list, not reachable); the message says what to check."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How requests are sent. ``model`` None asks the target (``GET /v1/models``, first entry)."""
+
+    model: str | None = None
+    time_scale: float = 1.0
+    """Wall seconds per emulated second of the target (from the cluster spec, or --time-scale)."""
+    request_timeout_s: float = 3600.0
+    """Wall seconds one request may take from send to last byte."""
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+
+def build_payload(spec: RequestSpec, model: str, prompt: list[int],
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of one completions request."""
+    body: dict[str, Any] = {
+        "model": model, "prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0,
+    }
+    if spec.priority is not None:
+        body["priority"] = spec.priority
+    if extra:
+        body.update(extra)
+    return body
+
+
+def build_headers(spec: RequestSpec) -> dict[str, str]:
+    h = {"Content-Type": "application/json", HEADER_REQUEST_ID: str(spec.request_id)}
+    if spec.origin_region:
+        h[HEADER_ORIGIN] = spec.origin_region
+    if spec.residency_region:
+        h[HEADER_RESIDENCY] = spec.residency_region
+    if spec.session_id:
+        h[HEADER_SESSION] = spec.session_id
+    return h
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready to go: its spec, encoded body and headers (built before its send time)."""
+
+    spec: RequestSpec
+    body: bytes
+    headers: dict[str, str]
+
+
+class CompletionClient:
+    """Sends prepared requests to one base URL on a shared aiohttp session; see the module docstring."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, config: ClientConfig,
+                 synthesizer: PromptSynthesizer, origin: float | None = None) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.config = config
+        self.synthesizer = synthesizer
+        self.origin = time.monotonic() if origin is None else origin
+        self.model: str | None = config.model
+        self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s, sock_connect=30.0)
+
+    def emulated_ms(self, wall: float) -> float:
+        """Emulated ms since the origin of a ``time.monotonic()`` value."""
+        return (wall - self.origin) / self.config.time_scale * 1000.0
+
+    async def resolve_model(self, wait_s: float = 30.0) -> str:
+        """The model to name in requests: the configured one, else the target's first listed model.
+        Retries for ``wait_s`` wall seconds while the target is starting; raises ``TargetError``."""
+        if self.model is not None:
+            return self.model
+        deadline = time.monotonic() + wait_s
+        last = "no answer"
+        while True:
+            try:
+                async with self.session.get(f"{self.base_url}{MODELS_PATH}",
+                                            timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
+                    if resp.status == 200:
+                        data = await resp.json(content_type=None)
+                        models = data.get("data") if isinstance(data, dict) else None
+                        if isinstance(models, list) and models and isinstance(models[0], dict) \
+                                and isinstance(models[0].get("id"), str):
+                            self.model = str(models[0]["id"])
+                            return self.model
+                        raise TargetError(f"{self.base_url}{MODELS_PATH} lists no model; pass --model")
+                    last = f"HTTP {resp.status}"
+            except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() >= deadline:
+                raise TargetError(f"cannot read the model list at {self.base_url}{MODELS_PATH} ({last}); "
+                                  f"is the server up? (or pass --model)")
+            await asyncio.sleep(0.5)
+
+    def prepare(self, spec: RequestSpec) -> PreparedRequest:
+        """Synthesize the prompt and encode the body (CPU work done ahead of the send time)."""
+        if self.model is None:
+            raise TargetError("model not resolved: call resolve_model() first")
+        payload = build_payload(spec, self.model, self.synthesizer.prompt(spec), self.config.extra_body)
+        return PreparedRequest(spec, json.dumps(payload, separators=(",", ":")).encode(), build_headers(spec))
+
+    async def send(self, req: PreparedRequest, scheduled_wall: float) -> RequestRecord:
+        """Send one request now and time its stream; never raises (see the module docstring)."""
+        spec = req.spec
+        st = time.monotonic()
+        first: float | None = None
+        last = st
+        gaps: list[float] = []
+        chunks = 0
+        usage: dict[str, Any] = {}
+        status: Status = "ok"
+        http_status: int | None = None
+        error = ""
+        worker: str | None = None
+        try:
+            async with self.session.post(f"{self.base_url}{COMPLETIONS_PATH}", data=req.body,
+                                         headers=req.headers, timeout=self._timeout) as resp:
+                http_status = resp.status
+                worker = resp.headers.get(HEADER_WORKER)
+                if resp.status != 200:
+                    status = "http_error"
+                    error = (await resp.text(errors="replace"))[:MAX_ERROR_CHARS]
+                else:
+                    async for line in resp.content:
+                        now = time.monotonic()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        event = json.loads(data)
+                        if not isinstance(event, dict):
+                            raise ValueError(f"event is not a JSON object: {data[:80]!r}")
+                        if event.get("choices"):
+                            if first is None:
+                                first = now
+                            else:
+                                gaps.append(now - last)
+                            last = now
+                            chunks += 1
+                        if isinstance(event.get("usage"), dict):
+                            usage = event["usage"]
+                        if isinstance(event.get("error"), dict | str):
+                            raise ValueError(f"error event: {str(event['error'])[:MAX_ERROR_CHARS]}")
+                    if first is None:
+                        status = "no_content"
+                        error = "the stream carried no content chunk"
+        except TimeoutError:
+            status, error = "timeout", f"no complete answer within {self.config.request_timeout_s} s"
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            status, error = "connection_error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        except (ValueError, aiohttp.ClientError) as e:
+            status, error = "protocol_error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        except Exception as e:  # never lose a request from the report, whatever the server did
+            status, error = "protocol_error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        scale = 1000.0 / self.config.time_scale
+        ok = status == "ok" and first is not None
+        completion = usage.get("completion_tokens")
+        prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return RequestRecord(
+            request_id=spec.request_id, status=status, scheduled_ms=self.emulated_ms(scheduled_wall),
+            sent_ms=self.emulated_ms(st), input_len=spec.input_len, expected_output_len=spec.output_len,
+            ttft_ms=(first - st) * scale if ok and first is not None else None,
+            e2e_ms=(last - st) * scale if ok else None,
+            itl_ms=tuple(g * scale for g in gaps) if ok else (),
+            output_tokens=(int(completion) if isinstance(completion, int) else chunks) if ok else 0,
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            cached_tokens=cached if isinstance(cached, int) else None,
+            http_status=http_status, error=error, worker=worker, session_id=spec.session_id,
+            send_lag_wall_ms=(st - scheduled_wall) * 1000.0,
+        )

@@ -1,0 +1,170 @@
+"""The replayer: open loop at the trace's timestamps, or closed loop at a fixed concurrency.
+
+Open loop. Request i is due at emulated time ``arrival_ms[i] / speed`` after the run's origin; the wall
+deadline is ``origin + due / 1000 * time_scale``. One dispatcher walks the requests in arrival order:
+it builds the request's body (prompt synthesis, JSON encoding), sleeps to the absolute deadline with the
+project's ``Clock`` (a timer to just before the deadline, then yielding to the loop until it passes), and
+starts the send as its own task. Deadlines are absolute, so one late wake-up never delays the next, and
+the send never waits for earlier answers: a slow server sees the trace's load regardless.
+
+Closed loop. ``concurrency`` workers share the request list; each sends its next request as soon as its
+previous one finished (the schedule time of a request is its real send time).
+
+Around the run the target's ``/metrics`` is scraped once before and once after (prefix cache counters,
+step-lag histogram) and polled every ``metrics_interval_s`` for queue depth (see ``scrape.py``). The
+run's duration is from the origin until the last request finished, in emulated seconds, as vLLM measures
+its benchmark duration. Failures of single requests are records with a status; the replay itself raises
+only ``TargetError`` when the target's model cannot be resolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from actors.clock import Clock
+from cluster.loadtest.client import ClientConfig, CompletionClient, PreparedRequest
+from cluster.loadtest.record import RequestRecord
+from cluster.loadtest.scrape import DepthSample, MetricsText, TargetProbe
+from cluster.loadtest.spec import RequestSpec
+from cluster.loadtest.synthesis import PromptSynthesizer
+
+START_LEAD_S = 0.05
+"""Wall seconds between taking the origin and the first deadline, so set-up never makes it late."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How the requests are paced. ``concurrency`` set means closed loop (timestamps ignored)."""
+
+    speed: float = 1.0
+    concurrency: int | None = None
+    spin_ms: float = 1.0
+    """Yield-polling before each deadline (see actors.clock): sub-ms send accuracy for a little CPU."""
+    metrics_interval_s: float = 0.5
+    scrape: bool = True
+    ready_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.speed <= 0:
+            raise ValueError(f"speed must be positive (got {self.speed})")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1 (got {self.concurrency})")
+
+    @property
+    def mode(self) -> str:
+        return "closed" if self.concurrency is not None else "open"
+
+
+@dataclass
+class ReplayResult:
+    """Everything one replay measured."""
+
+    records: list[RequestRecord]
+    duration_s: float
+    """Emulated seconds from the origin until the last request finished."""
+    wall_s: float
+    model: str
+    before: MetricsText | None = None
+    after: MetricsText | None = None
+    depth: list[DepthSample] = field(default_factory=list)
+    workers: list[tuple[str, str]] = field(default_factory=list)
+    scrape_errors: int = 0
+
+
+OnDone = Callable[[RequestRecord], None]
+
+
+async def replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayConfig, client_config: ClientConfig,
+                 synthesizer: PromptSynthesizer, *, on_done: OnDone | None = None,
+                 session: aiohttp.ClientSession | None = None) -> ReplayResult:
+    """Replay ``specs`` (arrivals in emulated ms from 0) against ``base_url``; see the module docstring."""
+    own = session is None
+    sess = session or aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                            timeout=aiohttp.ClientTimeout(total=None))
+    try:
+        return await _replay(base_url, specs, config, client_config, synthesizer, on_done, sess)
+    finally:
+        if own:
+            await sess.close()
+
+
+async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayConfig, client_config: ClientConfig,
+                  synthesizer: PromptSynthesizer, on_done: OnDone | None,
+                  session: aiohttp.ClientSession) -> ReplayResult:
+    client = CompletionClient(session, base_url, client_config, synthesizer)
+    model = await client.resolve_model(config.ready_wait_s)
+    probe = TargetProbe(session, base_url, time_scale=client_config.time_scale)
+    before: MetricsText | None = None
+    if config.scrape:
+        await probe.discover_workers()
+        before = probe.combined(*await probe.snapshot())
+
+    origin = time.monotonic() + START_LEAD_S
+    client.origin = origin
+    probe.origin = origin
+    clock = Clock(client_config.time_scale, spin_ms=config.spin_ms, origin=origin)
+    stop = asyncio.Event()
+    poller = asyncio.create_task(probe.poll(config.metrics_interval_s, stop)) if config.scrape else None
+    records: list[RequestRecord] = []
+
+    def done(r: RequestRecord) -> None:
+        records.append(r)
+        if on_done is not None:
+            on_done(r)
+
+    try:
+        if config.concurrency is None:
+            await _open_loop(client, clock, specs, config.speed, done)
+        else:
+            await _closed_loop(client, specs, config.concurrency, done)
+    finally:
+        stop.set()
+        if poller is not None:
+            await poller
+    end = time.monotonic()
+    after = probe.combined(*await probe.snapshot()) if config.scrape else None
+    order = {s.request_id: i for i, s in enumerate(specs)}
+    records.sort(key=lambda r: order.get(r.request_id, len(order)))
+    return ReplayResult(records=records, duration_s=max(1e-9, (end - origin) / client_config.time_scale),
+                        wall_s=end - origin, model=model, before=before, after=after, depth=probe.samples,
+                        workers=probe.workers, scrape_errors=probe.errors)
+
+
+async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[RequestSpec], speed: float,
+                     done: OnDone) -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(prepared: PreparedRequest, scheduled_wall: float) -> None:
+        done(await client.send(prepared, scheduled_wall))
+
+    try:
+        for spec in specs:
+            prepared = client.prepare(spec)
+            due = spec.arrival_ms / speed
+            await clock.sleep_until(due)
+            task = asyncio.create_task(one(prepared, clock.wall_of(due)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        for t in list(tasks):
+            t.cancel()
+
+
+async def _closed_loop(client: CompletionClient, specs: Sequence[RequestSpec], concurrency: int,
+                       done: OnDone) -> None:
+    queue = list(reversed(specs))
+
+    async def worker() -> None:
+        while queue:
+            prepared = client.prepare(queue.pop())
+            now = time.monotonic()
+            done(await client.send(prepared, now))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))

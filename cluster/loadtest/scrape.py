@@ -1,0 +1,292 @@
+"""What the target says about itself: Prometheus ``/metrics`` before, during and after a run.
+
+- Prefix cache: vLLM's counters ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens;
+  exposed as ``..._total``); the run's hit ratio is the delta of hits over the delta of queries.
+- Step lag: kvmesh's histogram ``kvmesh:step_lag_ms`` (how late engine steps really ended against their
+  deadlines); the run's p50 / p99 come from the delta of its buckets, interpolated inside a bucket as
+  Prometheus' ``histogram_quantile`` does, and its max is the upper bound of the highest bucket the run
+  touched (or the gauge ``kvmesh:step_lag_ms_max`` when the target exports one).
+- Queue depth: the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, polled every
+  ``interval_s`` during the run, summed and per series (per worker when the router lists its workers at
+  ``GET /workers``, else per label set of the target's own gauges).
+
+Samples are read flat by name with prometheus_client's text parser; label sets are summed. When the
+target does not export a metric (a server that is not kvmesh, or vLLM without prefix caching), the figure
+is None and a note says so. When the target itself lacks the counters but lists workers, the workers'
+counters are summed instead. Scrape failures are never fatal: a failed scrape is a missing snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
+STEP_LAG = "kvmesh:step_lag_ms"
+STEP_LAG_MAX = "kvmesh:step_lag_ms_max"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+IGNORED_SERIES_LABELS = frozenset({"model_name", "le"})
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _key(labels: Mapping[str, str]) -> LabelKey:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in IGNORED_SERIES_LABELS))
+
+
+@dataclass(frozen=True)
+class MetricsText:
+    """A parsed ``/metrics`` page: every sample by name (``_total`` stripped from counters' names),
+    then by label set (without ``le`` and ``model_name``), and histogram buckets by upper bound."""
+
+    samples: dict[str, dict[LabelKey, float]]
+    buckets: dict[str, dict[float, float]]
+
+    def has(self, name: str) -> bool:
+        return name in self.samples or name in self.buckets
+
+    def total(self, name: str) -> float | None:
+        series = self.samples.get(name)
+        return None if series is None else sum(series.values())
+
+    def series(self, name: str) -> dict[LabelKey, float]:
+        return dict(self.samples.get(name, {}))
+
+
+def parse_metrics(text: str) -> MetricsText:
+    """Parse Prometheus text exposition. Raises ValueError on text that is not in that format."""
+    samples: dict[str, dict[LabelKey, float]] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name
+            if name.endswith("_bucket") and "le" in s.labels:
+                base = name[: -len("_bucket")]
+                le = float(s.labels["le"])
+                per = buckets.setdefault(base, {})
+                per[le] = per.get(le, 0.0) + float(s.value)
+                continue
+            if name.endswith("_total"):
+                name = name[: -len("_total")]
+            elif name.endswith("_created"):
+                continue
+            per_series = samples.setdefault(name, {})
+            k = _key(s.labels)
+            per_series[k] = per_series.get(k, 0.0) + float(s.value)
+    return MetricsText(samples, buckets)
+
+
+def merge(pages: list[MetricsText]) -> MetricsText:
+    """Sum several pages (workers' pages into one)."""
+    samples: dict[str, dict[LabelKey, float]] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for p in pages:
+        for name, series in p.samples.items():
+            dst = samples.setdefault(name, {})
+            for k, v in series.items():
+                dst[k] = dst.get(k, 0.0) + v
+        for name, bs in p.buckets.items():
+            bdst = buckets.setdefault(name, {})
+            for le, v in bs.items():
+                bdst[le] = bdst.get(le, 0.0) + v
+    return MetricsText(samples, buckets)
+
+
+def counter_delta(before: MetricsText | None, after: MetricsText | None, name: str) -> float | None:
+    if before is None or after is None:
+        return None
+    a, b = after.total(name), before.total(name)
+    if a is None:
+        return None
+    return a - (b or 0.0)
+
+
+def prefix_hit_ratio(before: MetricsText | None, after: MetricsText | None) -> float | None:
+    """Hits over queries during the run; None when the counters are absent or nothing was queried."""
+    q = counter_delta(before, after, PREFIX_QUERIES)
+    h = counter_delta(before, after, PREFIX_HITS)
+    if q is None or h is None or q <= 0:
+        return None
+    return h / q
+
+
+def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:
+    """Prometheus' ``histogram_quantile`` over cumulative bucket counts by upper bound (``inf`` last):
+    linear inside the bucket that holds rank ``q * count``; the largest finite bound when that bucket is
+    the ``+Inf`` one; None for an empty histogram."""
+    bounds = sorted(cumulative)
+    if not bounds:
+        return None
+    total = cumulative[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        c = cumulative[le]
+        if c >= rank:
+            if math.isinf(le):
+                finite = [b for b in bounds if not math.isinf(b)]
+                return finite[-1] if finite else None
+            if c == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (c - below)
+        lower, below = le, c
+    return None
+
+
+def step_lag(before: MetricsText | None, after: MetricsText | None) -> dict[str, float | None] | None:
+    """p50 / p99 / max of the step-lag histogram's growth during the run, and the number of steps; None
+    when the target does not export it."""
+    if after is None or STEP_LAG not in after.buckets:
+        return None
+    prev = before.buckets.get(STEP_LAG, {}) if before is not None else {}
+    delta = {le: c - prev.get(le, 0.0) for le, c in after.buckets[STEP_LAG].items()}
+    bounds = sorted(delta)
+    count = delta[bounds[-1]] if bounds else 0.0
+    top: float | None = None
+    below = 0.0
+    for le in bounds:
+        if delta[le] > below:
+            top = le
+        below = delta[le]
+    if top is not None and math.isinf(top):
+        finite = [b for b in bounds if not math.isinf(b)]
+        top = finite[-1] if finite else None
+    gauge = after.total(STEP_LAG_MAX)
+    return {"p50": histogram_quantile(0.5, delta), "p99": histogram_quantile(0.99, delta),
+            "max": gauge if gauge is not None else top, "steps": count}
+
+
+@dataclass
+class DepthSample:
+    t_ms: float
+    running: float | None
+    waiting: float | None
+    per_series: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def _series_name(k: LabelKey) -> str:
+    return ",".join(f"{a}={b}" for a, b in k) or "all"
+
+
+def parse_workers(payload: Any) -> list[tuple[str, str]]:
+    """(name, base URL) of each worker in a ``GET /workers`` answer: a list of URLs, of objects with
+    ``url`` (and ``name``/``id``), or an object holding such a list under ``workers``. Unknown shapes
+    give an empty list."""
+    items = payload.get("workers") if isinstance(payload, dict) else payload
+    out: list[tuple[str, str]] = []
+    if not isinstance(items, list):
+        return out
+    for i, w in enumerate(items):
+        if isinstance(w, str) and w.startswith("http"):
+            out.append((w, w.rstrip("/")))
+        elif isinstance(w, dict):
+            url = w.get("url") or w.get("base_url") or w.get("address")
+            if isinstance(url, str) and url.startswith("http"):
+                name = str(w.get("name") or w.get("id") or w.get("worker_id") or f"worker-{i}")
+                out.append((name, url.rstrip("/")))
+    return out
+
+
+class TargetProbe:
+    """Scrapes a target's ``/metrics`` (and its workers', when listed) on one aiohttp session.
+
+    Times are emulated ms since ``origin`` (a ``time.monotonic()`` value) divided by ``time_scale``.
+    Every network or parse error is swallowed into a missing result and counted in ``errors``.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, time_scale: float = 1.0,
+                 timeout_s: float = 5.0) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.time_scale = time_scale
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.workers: list[tuple[str, str]] = []
+        self.errors = 0
+        self.samples: list[DepthSample] = []
+        self.origin = time.monotonic()
+
+    async def _get(self, url: str) -> str | None:
+        try:
+            async with self.session.get(url, timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.text()
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            self.errors += 1
+            return None
+
+    async def discover_workers(self) -> list[tuple[str, str]]:
+        text = await self._get(f"{self.base_url}/workers")
+        if text is not None:
+            try:
+                self.workers = parse_workers(json.loads(text))
+            except ValueError:
+                self.workers = []
+        return self.workers
+
+    async def page(self, base: str) -> MetricsText | None:
+        text = await self._get(f"{base}/metrics")
+        if text is None:
+            return None
+        try:
+            return parse_metrics(text)
+        except ValueError:
+            self.errors += 1
+            return None
+
+    async def snapshot(self) -> tuple[MetricsText | None, dict[str, MetricsText]]:
+        """The target's page and each listed worker's page (those that answered)."""
+        tasks = [self.page(self.base_url), *(self.page(url) for _, url in self.workers)]
+        pages = await asyncio.gather(*tasks)
+        per_worker = {name: p for (name, _), p in zip(self.workers, pages[1:], strict=True) if p is not None}
+        return pages[0], per_worker
+
+    @staticmethod
+    def combined(target: MetricsText | None, workers: Mapping[str, MetricsText]) -> MetricsText | None:
+        """The target's page, completed with the workers' sum for every metric the target lacks."""
+        if not workers:
+            return target
+        summed = merge(list(workers.values()))
+        if target is None:
+            return summed
+        samples = dict(summed.samples)
+        samples.update(target.samples)
+        buckets = dict(summed.buckets)
+        buckets.update(target.buckets)
+        return MetricsText(samples, buckets)
+
+    def now_ms(self) -> float:
+        return (time.monotonic() - self.origin) / self.time_scale * 1000.0
+
+    async def poll(self, interval_s: float, stop: asyncio.Event) -> None:
+        """Record queue depth every ``interval_s`` wall seconds until ``stop`` is set."""
+        while not stop.is_set():
+            t = self.now_ms()
+            target, workers = await self.snapshot()
+            page = self.combined(target, workers)
+            if page is not None:
+                per: dict[str, tuple[float, float]] = {}
+                if workers:
+                    for name, p in workers.items():
+                        per[name] = (p.total(RUNNING) or 0.0, p.total(WAITING) or 0.0)
+                else:
+                    running, waiting = page.series(RUNNING), page.series(WAITING)
+                    if len(running) > 1 or len(waiting) > 1:
+                        for k in sorted(set(running) | set(waiting)):
+                            per[_series_name(k)] = (running.get(k, 0.0), waiting.get(k, 0.0))
+                self.samples.append(DepthSample(t, page.total(RUNNING), page.total(WAITING), per))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
