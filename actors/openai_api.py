@@ -81,14 +81,20 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
-    """JSON body to a request model; any defect is a 400 that says which field and why."""
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why it is not one."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
+def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
+    """JSON body to a request model; any defect is a 400 that says which field and why."""
+    data = parse_json_object(raw)
     try:
         req = cls.model_validate(data)
     except ValidationError as e:

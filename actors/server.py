@@ -132,6 +132,7 @@ class EngineServer:
         return ids
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        arrival_ms = self.engine.clock.now_ms()
         if self.draining:
             return json_error(503, "engine is draining: send the request elsewhere")
         try:
@@ -142,7 +143,7 @@ class EngineServer:
             prompt_ids = self._prompt_ids(req)
             limit = req.limit() if isinstance(req, ChatCompletionRequest) else req.max_tokens
             stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
-                                        request_id=request.headers.get("X-Request-Id"))
+                                        request_id=request.headers.get("X-Request-Id"), arrival_ms=arrival_ms)
         except ApiError as e:
             return json_error(e.status, e.message, e.param)
         except EngineError as e:

@@ -4,8 +4,9 @@ Each step: plan (``Scheduler.schedule``), ask the cost model how long that batch
 step's absolute deadline on the emulated clock, then apply the step (tokens out, blocks cached or freed,
 KV events published) and record how late the wake-up really was (the step lag).
 
-Time: a step starts when the previous one ended (``prev_end``) if the engine stayed busy, or at the
-current emulated time after an idle wait. Only requests that arrived by a step's start join it. Because
+Time: a step starts when the previous one ended (``prev_end``) if the engine stayed busy, or, after an
+idle wait, when the earliest waiting request arrived (its ``arrival_ms``, stamped by the API server as the
+request came in). Only requests that arrived by a step's start join it. Because
 every deadline is absolute, a late wake-up shortens the next sleep instead of shifting the timeline; a
 host too slow to keep up shows as growing lag, which is measured and reported, never hidden.
 
@@ -222,7 +223,13 @@ class Engine:
                 prev_end = None
                 continue
             now = self.clock.now_ms()
-            start = now if prev_end is None else prev_end
+            if prev_end is None:
+                # Waking from idle: the emulated GPU starts when the first waiting request arrived, so
+                # the emulator's own bookkeeping (parsing, hashing) never delays the emulated timeline.
+                early = sched.earliest_waiting_arrival()
+                start = now if early is None else min(now, early)
+            else:
+                start = prev_end
             step = sched.schedule(start)
             if step.empty:
                 early = sched.earliest_waiting_arrival()

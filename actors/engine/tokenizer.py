@@ -68,7 +68,10 @@ class Tokenizer:
         return self.encode(text)
 
     def valid_ids(self, ids: Sequence[int]) -> bool:
-        return all(isinstance(i, int) and 0 <= i < self.vocab_size for i in ids)
+        if not ids:
+            return True
+        arr = np.asarray(ids)
+        return arr.dtype.kind in "iu" and int(arr.min()) >= 0 and int(arr.max()) < self.vocab_size
 
 
 class OutputModel:

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from actors.openai_api import MAX_BODY_BYTES, error_body
+from actors.openai_api import MAX_BODY_BYTES, ApiError, error_body, parse_json_object
 from cluster.router.policies import make_policy
 from cluster.router.view import ClusterView, RequestContext, WorkerInfo
 
@@ -117,11 +117,9 @@ class RouterServer:
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except (ValueError, UnicodeDecodeError) as e:
-            return json_error(400, f"request body is not a valid JSON object: {e}")
+            body = parse_json_object(raw)
+        except ApiError as e:
+            return json_error(e.status, e.message)
         model = body.get("model") if isinstance(body.get("model"), str) else None
         t0 = time.perf_counter()
         candidates = self.view.candidates(model)
