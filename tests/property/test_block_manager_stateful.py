@@ -43,7 +43,7 @@ class KVMachine(RuleBasedStateMachine):
         return True
 
     @rule(target=live, toks=tokens)
-    def admit(self, toks: list[int]):  # noqa: ANN201
+    def admit(self, toks: list[int]):
         self.n += 1
         seq = Sequence(RequestId(f"r{self.n}"), toks, 100, 0.0)
         return seq if self._admit(seq) else None
@@ -69,7 +69,7 @@ class KVMachine(RuleBasedStateMachine):
         del self.holders[seq.request_id]
 
     @rule(target=parked, seq=consumes(live))
-    def preempt(self, seq: Sequence | None):  # noqa: ANN201
+    def preempt(self, seq: Sequence | None):
         if seq is None or seq.request_id not in self.holders:
             return None
         self.kv.free(seq)
@@ -78,7 +78,7 @@ class KVMachine(RuleBasedStateMachine):
         return seq
 
     @rule(target=live, seq=consumes(parked))
-    def readmit(self, seq: Sequence | None):  # noqa: ANN201
+    def readmit(self, seq: Sequence | None):
         if seq is None:
             return None
         return seq if self._admit(seq) else None

@@ -41,6 +41,7 @@ async def test_emulated_timeline_follows_the_cost_model_exactly() -> None:
         assert seq.first_scheduled_ms is not None and seq.first_token_ms is not None
         # 4000 prompt tokens at 40 tokens/ms, then four 10 ms decode steps on absolute deadlines.
         assert seq.first_token_ms - seq.first_scheduled_ms == pytest.approx(100.0)
+        assert seq.last_token_ms is not None
         assert seq.last_token_ms - seq.first_token_ms == pytest.approx(40.0)
         assert eng.lag.count == 5
     finally:

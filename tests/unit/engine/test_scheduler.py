@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.scheduler import Scheduler, SchedulerLimits
-from actors.engine.sequence import RequestId, Sequence, SeqStatus
+from actors.engine.sequence import RequestId, SeqStatus, Sequence
 
 
 def make(blocks: int = 64, bs: int = 2, budget: int = 8, seqs: int = 4, ctx: int = 1000) -> Scheduler:
@@ -17,7 +17,7 @@ def seq(rid: str, n: int, max_tokens: int = 3, at: float = 0.0, base: int = 0) -
 
 def run_step(s: Scheduler, t: float) -> list[tuple[str, int]]:
     step = s.schedule(t)
-    plan = [(q.request_id, n) for q, n in step.items]
+    plan: list[tuple[str, int]] = [(q.request_id, n) for q, n in step.items]
     s.complete(step, t + 1)
     return plan
 
@@ -92,7 +92,7 @@ def test_prefix_hits_are_counted_and_skip_work() -> None:
     b = seq("b", 9)  # same tokens as a
     s.add(b)
     step = s.schedule(1)
-    n_b = dict((q.request_id, n) for q, n in step.items)["b"]
+    n_b = {str(q.request_id): n for q, n in step.items}["b"]
     assert n_b == 1  # 4 full blocks hit, the last token is computed
     assert s.stats.prefix_queries == 18 and s.stats.prefix_hits == 8
 
