@@ -1,0 +1,337 @@
+"""Wire frames of the socket backends, and an incremental decoder that needs no socket.
+
+A frame is a fixed 32-byte header, msgpack metadata (a map), then the raw payload::
+
+    offset size field
+         0    4 magic          b"KVMF"
+         4    1 version        1
+         5    1 type           FrameType
+         6    1 checksum algo  1 = sum64, 2 = crc32 (of the payload)
+         7    1 flags          0 (reserved)
+         8    4 meta length    <= max_meta_bytes
+        12    8 payload length <= max_frame_payload
+        20    8 payload checksum
+        28    4 header CRC-32  over bytes 0..27 and the metadata
+
+All integers little-endian. Never pickle: metadata is msgpack of plain maps, lists, ints, strings.
+
+:class:`FrameDecoder` is sans-I/O: ``get_buffer``/``buffer_updated`` match ``asyncio.BufferedProtocol``
+and ``feed`` replays bytes (tests, fuzzing). Small reads land in a fixed staging buffer; a payload is
+read into a buffer leased from a :class:`BufferPool` (large remainders directly, so the kernel copies
+into it once), so decoding allocates nothing per frame beyond the metadata map.
+
+Failure behaviour. A header that is not a frame (magic, version, type, algorithm, flags), declares a
+length over the caps, or fails its CRC raises :class:`FrameError` before anything is allocated: a
+stream cannot be trusted after that, so the connection must be closed. A payload that fails its
+checksum does not desynchronise the stream: the frame is emitted with ``intact=False`` and the
+connection carries on (the transfer it belongs to fails with ``IntegrityError``). When the pool is
+exhausted the decoder stops after the metadata (``waiting_for_buffer``); the caller pauses reading and
+calls ``resume()`` when buffers come back.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from transport.base import FrameError
+from transport.checksum import ALGO_IDS, ALGO_NAMES, ChecksumName, checksum_of
+from transport.pool import BufferPool, Lease
+
+MAGIC = b"KVMF"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBIQQI")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 32
+DIRECT_MIN = 64 * 1024
+"""Payload remainders at least this large are received straight into their pool buffer."""
+_EMPTY = memoryview(b"")
+
+
+class FrameType(IntEnum):
+    PUSH_DATA = 1
+    """One block of a push: meta {t, i, b, l}."""
+    PUSH_END = 2
+    """End of a push: meta {t, r, n, c}; c = commit now (no gate)."""
+    COMMIT = 3
+    """Make a staged push visible: meta {t}."""
+    ACK = 4
+    """Answer to PUSH_END or COMMIT: meta {t, ok, s?, e?, m?}."""
+    PULL = 5
+    """Ask for blocks: meta {t, r, ids}."""
+    PULL_HEAD = 6
+    """Size of the answer to a PULL, sent before its data: meta {t, n, bytes}."""
+    PULL_DATA = 7
+    """One block of a pull answer: meta {t, i, b, l}."""
+    PULL_END = 8
+    """End of a pull answer: meta {t, ok, n?, e?, m?}."""
+    CANCEL = 9
+    """The initiator gave up on a transfer: meta {t}."""
+
+
+_TYPES = {int(t) for t in FrameType}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_meta_bytes: int = 64 * 1024
+    max_payload: int = 128 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Frame:
+    """A decoded frame. ``payload`` is a view of ``lease`` (None for an empty payload)."""
+
+    type: FrameType
+    meta: dict[str, Any]
+    payload: memoryview
+    lease: Lease | None
+    checksum: int
+    algo: ChecksumName
+    intact: bool = True
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+
+def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "sum64",
+           checksum: int | None = None) -> tuple[bytes, memoryview]:
+    """Header plus metadata (one bytes object) and the payload view (written separately, never copied).
+
+    ``checksum`` is the payload's checksum under ``algo`` when the caller already has it.
+    """
+    meta_b = msgpack.packb(meta, use_bin_type=True)
+    body = _EMPTY if payload is None else (payload if isinstance(payload, memoryview) else memoryview(payload))
+    if body.nbytes and (body.format != "B" or body.ndim != 1):
+        body = body.cast("B")
+    n = body.nbytes
+    psum = (checksum if checksum is not None else checksum_of(algo, body)) if n else 0
+    prefix = HEADER.pack(MAGIC, VERSION, int(ftype), ALGO_IDS[algo], 0, len(meta_b), n, psum, 0)[:28]
+    hcrc = zlib.crc32(meta_b, zlib.crc32(prefix))
+    return prefix + struct.pack("<I", hcrc) + meta_b, body
+
+
+def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "sum64",
+                 checksum: int | None = None) -> bytes:
+    """One frame as a single bytes object (tests and small control frames)."""
+    head, body = encode(ftype, meta, payload, algo=algo, checksum=checksum)
+    return head + bytes(body)
+
+
+class FrameDecoder:
+    """Incremental frame decoder over a pool (see the module docstring for its failure behaviour)."""
+
+    _HEAD, _META, _PAYLOAD, _WAIT = range(4)
+
+    def __init__(self, pool: BufferPool, limits: Limits = Limits()) -> None:
+        if not pool.fits(limits.max_payload):
+            raise ValueError("the pool cannot hold the largest payload the limits allow")
+        self.pool = pool
+        self.limits = limits
+        self._stage = bytearray(HEADER_SIZE + limits.max_meta_bytes + 4 * DIRECT_MIN)
+        self._stage_view = memoryview(self._stage)
+        self._r = 0
+        self._w = 0
+        self._state = self._HEAD
+        self._type = FrameType.PUSH_DATA
+        self._algo: ChecksumName = "sum64"
+        self._meta_len = 0
+        self._payload_len = 0
+        self._psum = 0
+        self._hprefix = b""
+        self._hcrc = 0
+        self._meta: dict[str, Any] = {}
+        self._lease: Lease | None = None
+        self._filled = 0
+        self._direct = False
+        self._failed: FrameError | None = None
+
+    # -- BufferedProtocol side -------------------------------------------------------------------
+    @property
+    def waiting_for_buffer(self) -> bool:
+        return self._state == self._WAIT
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go: the pending payload's buffer, or the staging area."""
+        if (self._state == self._PAYLOAD and self._lease is not None and self._r == self._w
+                and self._payload_len - self._filled >= DIRECT_MIN):
+            self._direct = True
+            return self._lease.view[self._filled:self._payload_len]
+        self._direct = False
+        if self._r == self._w:
+            self._r = self._w = 0
+        elif len(self._stage) - self._w < DIRECT_MIN:
+            pending = self._w - self._r
+            self._stage[:pending] = self._stage[self._r:self._w]
+            self._r, self._w = 0, pending
+        if self._w >= len(self._stage):
+            raise FrameError("receive staging buffer is full while waiting for a pool buffer")
+        return self._stage_view[self._w:]
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """Account ``nbytes`` just written into the last ``get_buffer`` view; return completed frames."""
+        if self._direct:
+            self._filled += nbytes
+        else:
+            self._w += nbytes
+        return self._process()
+
+    def resume(self) -> list[Frame]:
+        """Retry after the pool released buffers; returns frames completed by bytes already staged."""
+        return self._process()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Decode ``data`` as if it had arrived on a socket (for tests and fuzzing)."""
+        src = memoryview(data).cast("B")
+        out: list[Frame] = []
+        while src.nbytes:
+            if self.waiting_for_buffer:
+                out.extend(self._process())
+                if self.waiting_for_buffer:
+                    raise FrameError("receive pool exhausted while bytes are still arriving")
+            dst = self.get_buffer(src.nbytes)
+            k = min(dst.nbytes, src.nbytes)
+            dst[:k] = src[:k]
+            src = src[k:]
+            out.extend(self.buffer_updated(k))
+        return out
+
+    def close(self) -> None:
+        """Release the partially received payload, if any."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        self._state = self._HEAD
+
+    # -- decoding --------------------------------------------------------------------------------
+    def _process(self) -> list[Frame]:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return self._step_all()
+        except FrameError as e:
+            self._failed = e
+            self.close()
+            raise
+
+    def _step_all(self) -> list[Frame]:
+        out: list[Frame] = []
+        while True:
+            avail = self._w - self._r
+            if self._state == self._HEAD:
+                if avail < HEADER_SIZE:
+                    return out
+                self._parse_header(self._stage_view[self._r:self._r + HEADER_SIZE])
+                self._r += HEADER_SIZE
+                self._state = self._META
+            elif self._state == self._META:
+                if avail < self._meta_len:
+                    return out
+                meta_b = self._stage_view[self._r:self._r + self._meta_len]
+                self._r += self._meta_len
+                if zlib.crc32(meta_b, zlib.crc32(self._hprefix)) != self._hcrc:
+                    raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
+                self._meta = _unpack_meta(meta_b)
+                self._state = self._WAIT
+            elif self._state == self._WAIT:
+                if self._payload_len == 0:
+                    out.append(Frame(self._type, self._meta, _EMPTY, None, 0, self._algo))
+                    self._state = self._HEAD
+                    continue
+                lease = self.pool.acquire(self._payload_len)
+                if lease is None:
+                    return out
+                self._lease, self._filled = lease, 0
+                self._state = self._PAYLOAD
+            else:  # payload
+                assert self._lease is not None
+                need = self._payload_len - self._filled
+                k = min(need, avail)
+                if k:
+                    self._lease.view[self._filled:self._filled + k] = self._stage_view[self._r:self._r + k]
+                    self._r += k
+                    self._filled += k
+                if self._filled < self._payload_len:
+                    return out
+                lease, self._lease = self._lease, None
+                view = lease.view
+                intact = checksum_of(self._algo, view) == self._psum
+                out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact))
+                self._state = self._HEAD
+
+    def _parse_header(self, head: memoryview) -> None:
+        magic, version, ftype, algo, flags, meta_len, payload_len, psum, hcrc = HEADER.unpack(head)
+        if magic != MAGIC:
+            raise FrameError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a kvmesh peer")
+        if version != VERSION:
+            raise FrameError(f"peer speaks frame version {version}, this end speaks {VERSION}")
+        if ftype not in _TYPES:
+            raise FrameError(f"unknown frame type {ftype}")
+        if algo not in ALGO_NAMES:
+            raise FrameError(f"unknown checksum algorithm id {algo}")
+        if flags != 0:
+            raise FrameError(f"unsupported frame flags {flags:#x}")
+        if meta_len > self.limits.max_meta_bytes:
+            raise FrameError(f"declared metadata length {meta_len} exceeds the cap {self.limits.max_meta_bytes}")
+        if payload_len > self.limits.max_payload:
+            raise FrameError(f"declared payload length {payload_len} exceeds the cap {self.limits.max_payload}")
+        self._type = FrameType(ftype)
+        self._algo = ALGO_NAMES[algo]
+        self._meta_len = meta_len
+        self._payload_len = payload_len
+        self._psum = psum
+        self._hprefix = bytes(head[:28])
+        self._hcrc = hcrc
+
+
+def _unpack_meta(meta_b: memoryview) -> dict[str, Any]:
+    try:
+        meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated classes on garbage
+        raise FrameError(f"frame metadata is not valid msgpack: {type(e).__name__}") from e
+    if not isinstance(meta, dict):
+        raise FrameError(f"frame metadata must be a map, got {type(meta).__name__}")
+    return meta
+
+
+def field_int(meta: dict[str, Any], key: str) -> int:
+    """``meta[key]`` as an int, or FrameError naming the field."""
+    v = meta.get(key)
+    if type(v) is not int:
+        raise FrameError(f"frame field {key!r} must be an integer, got {type(v).__name__}")
+    return v
+
+
+def field_str(meta: dict[str, Any], key: str) -> str:
+    v = meta.get(key)
+    if not isinstance(v, str):
+        raise FrameError(f"frame field {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def field_bool(meta: dict[str, Any], key: str) -> bool:
+    v = meta.get(key)
+    if not isinstance(v, bool):
+        raise FrameError(f"frame field {key!r} must be a boolean, got {type(v).__name__}")
+    return v
+
+
+def field_layers(meta: dict[str, Any], key: str = "l") -> tuple[int, int]:
+    v = meta.get(key)
+    if (not isinstance(v, list) or len(v) != 2 or type(v[0]) is not int or type(v[1]) is not int
+            or not 0 <= v[0] < v[1]):
+        raise FrameError(f"frame field {key!r} must be a layer range [start, stop] with 0 <= start < stop")
+    return v[0], v[1]
+
+
+def field_int_list(meta: dict[str, Any], key: str) -> list[int]:
+    v = meta.get(key)
+    if not isinstance(v, list) or any(type(x) is not int for x in v):
+        raise FrameError(f"frame field {key!r} must be a list of integers")
+    return v
