@@ -99,6 +99,12 @@ class LagRecorder:
         k = min(len(data) - 1, max(0, round(q / 100.0 * (len(data) - 1))))
         return data[k]
 
+    def reset(self) -> None:
+        self._buf.clear()
+        self._i = 0
+        self.count = 0
+        self.max_ms = 0.0
+
     def summary(self) -> dict[str, float]:
         return {"p50": self.percentile(50), "p99": self.percentile(99), "max": self.max_ms,
                 "count": float(self.count)}

@@ -48,6 +48,8 @@ class _Common(_Lenient):
     ignore_eos: StrictBool = False
     seed: StrictInt | None = None
     user: StrictStr | None = None
+    return_token_ids: StrictBool = False
+    """vLLM's extension: put ``prompt_token_ids`` in the first chunk and ``token_ids`` in every choice."""
 
 
 class CompletionRequest(_Common):
@@ -110,8 +112,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion}
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -142,7 +148,8 @@ class ResponseShapes:
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}]}
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, text: str, finish_reason: str | None, token_ids: list[int] | None = None,
+              prompt_token_ids: list[int] | None = None) -> dict[str, Any]:
         choice: dict[str, Any]
         if self.chat:
             choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
@@ -150,12 +157,17 @@ class ResponseShapes:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                       "stop_reason": None}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        if prompt_token_ids is not None:
+            choice["prompt_token_ids"] = prompt_token_ids
         return {**self._head(self.object_chunk), "choices": [choice]}
 
-    def usage_chunk(self, prompt: int, completion: int) -> dict[str, Any]:
-        return {**self._head(self.object_chunk), "choices": [], "usage": usage(prompt, completion)}
+    def usage_chunk(self, prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+        return {**self._head(self.object_chunk), "choices": [], "usage": usage(prompt, completion, cached)}
 
-    def full(self, text: str, finish_reason: str, prompt: int, completion: int) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str, prompt: int, completion: int, cached: int | None = None,
+             token_ids: list[int] | None = None) -> dict[str, Any]:
         choice: dict[str, Any]
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -163,4 +175,6 @@ class ResponseShapes:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                       "stop_reason": None}
-        return {**self._head(self.object_full), "choices": [choice], "usage": usage(prompt, completion)}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {**self._head(self.object_full), "choices": [choice], "usage": usage(prompt, completion, cached)}

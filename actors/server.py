@@ -17,6 +17,7 @@ from aiohttp import web
 from actors.engine.engine import Engine, EngineError, RequestStream
 from actors.engine.sequence import FinishReason
 from actors.engine.tokenizer import Tokenizer
+from actors.feed import FeedPublisher
 from actors.metrics import EngineMetrics
 from actors.openai_api import (
     MAX_BODY_BYTES,
@@ -52,6 +53,7 @@ class EngineServer:
         self.inflight = 0
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.feed = FeedPublisher(engine, self.load_report)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -61,6 +63,7 @@ class EngineServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/load", self.load)
+        app.router.add_get("/kvmesh/feed", self.feed.handler)
         return app
 
     async def start(self) -> str:
@@ -97,9 +100,12 @@ class EngineServer:
         return web.Response(body=self.metrics.exposition(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    def load_report(self) -> dict[str, Any]:
+        return {**self.engine.load(), **self.meta, "name": self.engine.cfg.name, "draining": self.draining,
+                "inflight": self.inflight}
+
     async def load(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.engine.load(), **self.meta, "name": self.engine.cfg.name,
-                                  "draining": self.draining, "inflight": self.inflight})
+        return web.json_response(self.load_report())
 
     # -- generation --------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -155,12 +161,14 @@ class EngineServer:
         try:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                return await self._stream(request, stream, shapes, len(prompt_ids), include_usage)
-            return await self._full(stream, shapes, len(prompt_ids))
+                return await self._stream(request, stream, shapes, prompt_ids, include_usage,
+                                          req.return_token_ids)
+            return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
 
-    async def _full(self, stream: RequestStream, shapes: ResponseShapes, n_prompt: int) -> web.Response:
+    async def _full(self, stream: RequestStream, shapes: ResponseShapes, n_prompt: int,
+                    return_ids: bool) -> web.Response:
         ids: list[int] = []
         reason = FinishReason.LENGTH
         try:
@@ -174,13 +182,15 @@ class EngineServer:
         if reason is FinishReason.ABORT:
             return json_error(503, "request aborted: the engine is stopping")
         text = self.tokenizer.decode(ids)
-        return web.json_response(shapes.full(text, reason.value, n_prompt, len(ids)))
+        return web.json_response(shapes.full(text, reason.value, n_prompt, len(ids),
+                                             stream.seq.num_cached_prompt_tokens, ids if return_ids else None))
 
-    async def _stream(self, request: web.Request, stream: RequestStream, shapes: ResponseShapes, n_prompt: int,
-                      include_usage: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, stream: RequestStream, shapes: ResponseShapes,
+                      prompt_ids: list[int], include_usage: bool, return_ids: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         finished = False
         n_out = 0
+        pending_prompt_ids = prompt_ids if return_ids else None
         try:
             await resp.prepare(request)
             first = shapes.first_chunk()
@@ -195,11 +205,14 @@ class EngineServer:
                     break
                 n_out += len(ev.token_ids)
                 text = "".join(decode(t) for t in ev.token_ids)
-                await resp.write(sse(shapes.chunk(text, reason.value if reason else None)))
+                await resp.write(sse(shapes.chunk(text, reason.value if reason else None,
+                                                  list(ev.token_ids) if return_ids else None, pending_prompt_ids)))
+                pending_prompt_ids = None
                 if reason is not None:
                     finished = True
             if include_usage:
-                await resp.write(sse(shapes.usage_chunk(n_prompt, n_out)))
+                await resp.write(sse(shapes.usage_chunk(len(prompt_ids), n_out,
+                                                        stream.seq.num_cached_prompt_tokens)))
             await resp.write(SSE_DONE)
             await resp.write_eof()
         except (asyncio.CancelledError, *DISCONNECTS):

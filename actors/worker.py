@@ -52,6 +52,16 @@ class GpuWorker:
     async def load(self) -> dict[str, dict[str, Any]]:
         return {n: {**e.load(), "inflight": self.servers[n].inflight} for n, e in self.engines.items()}
 
+    async def reset_lag(self) -> None:
+        """Start a fresh step-lag window (benchmarks measure lag per load level)."""
+        for e in self.engines.values():
+            e.lag.reset()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of this actor process."""
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
     async def drain(self, names: list[str] | None = None) -> None:
         for n in names or list(self.servers):
             self.servers[n].draining = True
