@@ -14,7 +14,8 @@ header columns fails outright (``TraceError``).
 from __future__ import annotations
 
 import csv
-from datetime import datetime
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +31,25 @@ COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
 OPTIONAL_COLUMNS = ("origin_region", "residency_region", "session_id", "priority")
 
 
-def parse_timestamp(text: str) -> float:
-    """Seconds (float) of a TIMESTAMP cell: ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fraction
-    digits; seconds since the epoch, naive) or a plain number of seconds. Raises ValueError."""
+def parse_timestamp(text: str) -> int:
+    """Nanoseconds of a TIMESTAMP cell: ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fraction digits,
+    naive time read as UTC) or a plain number of seconds. Integer arithmetic, so the trace's 100 ns
+    resolution survives. Raises ValueError."""
     s = text.strip()
     try:
-        return float(s)
-    except ValueError:
-        pass
+        number = Decimal(s)
+    except InvalidOperation:
+        number = None
+    if number is not None:
+        if not number.is_finite():
+            raise ValueError(f"timestamp {s!r} is not a finite number")
+        return int(number * 1_000_000_000)
     whole, _, frac = s.partition(".")
     base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S") if " " in whole else datetime.fromisoformat(whole)
     if frac and not frac.isdigit():
         raise ValueError(f"bad fraction of a second {frac!r}")
-    return base.timestamp() + (int(frac) / 10 ** len(frac) if frac else 0.0)
+    seconds = int(base.replace(tzinfo=UTC).timestamp())
+    return seconds * 1_000_000_000 + (int(frac.ljust(9, "0")[:9]) if frac else 0)
 
 
 def _positive_int(cell: str, what: str) -> int:
@@ -65,7 +72,7 @@ class AzureReader:
 
     def read(self, path: Path, options: ReadOptions, log: MalformedLog) -> TraceData:
         block_size = options.block_size or DEFAULT_BLOCK_SIZE
-        rows: list[tuple[int, float, int, int, dict[str, Any]]] = []
+        rows: list[tuple[int, int, int, int, dict[str, Any]]] = []
         with path.open("r", encoding="utf-8", errors="replace", newline="") as f:
             reader = csv.reader(f)
             header = next(reader, None)
@@ -97,9 +104,9 @@ class AzureReader:
                     log.add(line_no, str(e), text)
                     continue
                 rows.append((line_no, t, n_in, n_out, extra))
-        t0 = min((r[1] for r in rows), default=0.0)
+        t0 = min((r[1] for r in rows), default=0)
         requests = [
-            RequestSpec(request_id=RequestId(f"L{line_no}"), arrival_ms=round((t - t0) * 1000.0, 4),
+            RequestSpec(request_id=RequestId(f"L{line_no}"), arrival_ms=(t - t0) / 1_000_000,
                         input_len=n_in, output_len=n_out, block_size=block_size, **extra)
             for line_no, t, n_in, n_out, extra in rows
         ]

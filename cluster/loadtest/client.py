@@ -8,8 +8,8 @@ ints), ``max_tokens = output_len``, ``ignore_eos = true``, ``stream = true`` and
 gives the token counts (``completion_tokens``, ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``).
 Wall durations become emulated ms by dividing by ``time_scale``.
 
-Per-request tags travel as headers (``X-Request-Id``, ``X-KVMesh-Origin-Region``,
-``X-KVMesh-Residency-Region``, ``X-Session-Id``) and ``priority`` as a body field (vLLM's name for it),
+Per-request tags travel as headers (``X-Request-Id``, ``X-Region`` (origin region, as the router reads it),
+``X-Residency-Region``, ``X-Session-Id``) and ``priority`` as a body field (vLLM's name for it),
 only when set, so any OpenAI-compatible server accepts the request. The worker that served a request is
 read from the ``X-KVMesh-Worker`` response header when the router sets it.
 
@@ -36,8 +36,8 @@ from cluster.loadtest.synthesis import PromptSynthesizer
 COMPLETIONS_PATH = "/v1/completions"
 MODELS_PATH = "/v1/models"
 HEADER_REQUEST_ID = "X-Request-Id"
-HEADER_ORIGIN = "X-KVMesh-Origin-Region"
-HEADER_RESIDENCY = "X-KVMesh-Residency-Region"
+HEADER_ORIGIN = "X-Region"
+HEADER_RESIDENCY = "X-Residency-Region"
 HEADER_SESSION = "X-Session-Id"
 HEADER_WORKER = "X-KVMesh-Worker"
 MAX_ERROR_CHARS = 300

@@ -174,7 +174,7 @@ def chunk_times_ms(r: RequestRecord) -> list[float]:
 
 def throughput_timeline(records: Sequence[RequestRecord], bin_ms: float = 1000.0) -> dict[str, list[float]]:
     """Per ``bin_ms`` bin from the run start: completed requests per second, output tokens per second
-    (a request's tokens spread evenly over its content chunks) and requests in flight at the bin's end."""
+    (a request's tokens spread evenly over its content chunks) and requests in flight at the bin's start."""
     ends = [r.end_ms for r in records if r.success and r.end_ms is not None]
     horizon = max([*ends, *(r.sent_ms for r in records)], default=0.0)
     n = int(horizon // bin_ms) + 1
@@ -187,7 +187,7 @@ def throughput_timeline(records: Sequence[RequestRecord], bin_ms: float = 1000.0
             per = r.output_tokens / len(times) if times else 0.0
             for t in times:
                 toks[min(n - 1, int(t // bin_ms))] += per
-    edges = (np.arange(n) + 1) * bin_ms
+    edges = np.arange(n) * bin_ms
     sent = np.sort(np.array([r.sent_ms for r in records]))
     finished = np.sort(np.array([r.end_ms if r.end_ms is not None else r.sent_ms for r in records]))
     in_flight = np.searchsorted(sent, edges, side="right") - np.searchsorted(finished, edges, side="right")
