@@ -553,6 +553,10 @@ class KVTransport(Protocol):
     site: Site
     clock: ClockLike
 
+    def deadline(self, deadline_ms: float | None) -> float:
+        """The absolute emulated deadline a call given ``deadline_ms`` runs under."""
+        ...
+
     async def serve(self) -> Address: ...
 
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,

@@ -137,10 +137,6 @@ class InprocTransport(EndpointBase):
         rec = self._record("pull", request_id, address.site, views, start, time.perf_counter() - t0)
         return Delivery(views, (), rec)
 
-    def abort_connections(self, address: Address) -> int:
-        """Nothing to reset in process; the fault wrapper raises PeerGone itself."""
-        return 0
-
     def stats(self) -> TransportStats:
         return TransportStats(pending=self._pending, inbox_blocks=self.inbox.total_blocks())
 

@@ -42,6 +42,7 @@ from config.catalog import Catalog, default_catalog
 from config.cluster import ClusterSpec
 from config.link import LinkProfile
 from transport.base import (
+    Abortable,
     Address,
     Block,
     BlockId,
@@ -346,8 +347,14 @@ class ShapedTransport:
         self.site = inner.site
         self.clock = inner.clock
 
+    def deadline(self, deadline_ms: float | None) -> float:
+        return self.inner.deadline(deadline_ms)
+
     async def serve(self) -> Address:
         return await self.inner.serve()
+
+    def abort_connections(self, address: Address) -> int:
+        return self.inner.abort_connections(address) if isinstance(self.inner, Abortable) else 0
 
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:

@@ -1,0 +1,130 @@
+"""The frame codec, driven by replayed bytes (no sockets)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from transport.base import FrameError
+from transport.frame import HEADER_SIZE, MAGIC, FrameDecoder, FrameType, Limits, encode_bytes
+from transport.pool import BufferPool
+
+
+def decoder(pool_bytes: int = 8 << 20, max_payload: int = 4 << 20) -> FrameDecoder:
+    return FrameDecoder(BufferPool(pool_bytes), Limits(max_meta_bytes=4096, max_payload=max_payload))
+
+
+def feed_in_chunks(dec: FrameDecoder, data: bytes, chunk: int) -> list:
+    out = []
+    for i in range(0, len(data), chunk):
+        out.extend(dec.feed(data[i:i + chunk]))
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 4096, 1 << 20])
+def test_roundtrip_any_chunking(chunk: int) -> None:
+    big = 300_000 if chunk >= 32 else 3000  # byte-by-byte feeding is slow in Python: keep it small
+    payloads = [b"", b"x", bytes(range(256)) * (big // 300), bytes(big)]
+    stream = b"".join(encode_bytes(FrameType.PUSH_DATA, {"t": i, "i": 0, "b": -5, "l": [0, 32]}, p)
+                      for i, p in enumerate(payloads))
+    dec = decoder()
+    frames = feed_in_chunks(dec, stream, chunk)
+    assert [f.meta["t"] for f in frames] == [0, 1, 2, 3]
+    for f, p in zip(frames, payloads, strict=True):
+        assert f.type == FrameType.PUSH_DATA and f.intact and bytes(f.payload) == p
+        assert f.meta["l"] == [0, 32] and f.meta["b"] == -5
+        f.release()
+    assert dec.pool.leases == 0
+
+
+def test_crc32_frames() -> None:
+    dec = decoder()
+    [f] = dec.feed(encode_bytes(FrameType.PULL_DATA, {"t": 1}, b"abc" * 100, algo="crc32"))
+    assert f.algo == "crc32" and f.intact
+    f.release()
+
+
+def test_steady_state_allocates_nothing_per_frame() -> None:
+    dec = decoder()
+    frame = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, bytes(1 << 20))
+    for _ in range(3):
+        for f in dec.feed(frame):
+            f.release()
+    allocations = dec.pool.allocations
+    for _ in range(50):
+        for f in dec.feed(frame):
+            f.release()
+    assert dec.pool.allocations == allocations == 1
+
+
+def test_corrupt_payload_is_flagged_and_stream_continues() -> None:
+    good = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, b"hello world" * 10)
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF
+    dec = decoder()
+    frames = dec.feed(bytes(bad) + good)
+    assert [f.intact for f in frames] == [False, True]
+    for f in frames:
+        f.release()
+
+
+def _header(**over: int) -> bytes:
+    fields = {"magic": 0, "version": 1, "type": 1, "algo": 1, "flags": 0, "meta": 0, "payload": 0}
+    fields.update(over)
+    magic = MAGIC if not fields["magic"] else b"XXXX"
+    return struct.pack("<4sBBBBIQQI", magic, fields["version"], fields["type"], fields["algo"], fields["flags"],
+                       fields["meta"], fields["payload"], 0, 0)
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"magic": 1}, "magic"),
+    ({"version": 9}, "version 9"),
+    ({"type": 99}, "unknown frame type"),
+    ({"algo": 7}, "checksum algorithm"),
+    ({"flags": 1}, "flags"),
+    ({"meta": 1 << 30}, "metadata length"),
+    ({"payload": 1 << 60}, "payload length"),
+    ({}, "header checksum"),
+])
+def test_bad_headers_raise_frame_error_before_allocating(over: dict[str, int], message: str) -> None:
+    dec = decoder()
+    with pytest.raises(FrameError, match=message):
+        dec.feed(_header(**over))
+    assert dec.pool.allocations == 0
+    with pytest.raises(FrameError):  # a failed decoder stays failed
+        dec.feed(b"more")
+
+
+def test_metadata_must_be_a_msgpack_map() -> None:
+    import zlib
+
+    for meta in (b"\xc1", b"\x93\x01\x02\x03"):  # never-used byte; a list
+        prefix = struct.pack("<4sBBBBIQQ", MAGIC, 1, 1, 1, 0, len(meta), 0, 0)
+        frame = prefix + struct.pack("<I", zlib.crc32(meta, zlib.crc32(prefix))) + meta
+        with pytest.raises(FrameError, match="msgpack|map"):
+            decoder().feed(frame)
+
+
+def test_pool_exhaustion_pauses_then_resumes() -> None:
+    dec = decoder(pool_bytes=1 << 20, max_payload=1 << 20)
+    frame = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, bytes(600_000))
+    [first] = dec.feed(frame)
+    assert dec.feed(frame[: HEADER_SIZE + 20]) == []  # header and metadata only: the pool is full
+    rest = frame[HEADER_SIZE + 20:]
+    assert dec.feed(rest[:10]) == []  # staged meanwhile
+    assert dec.waiting_for_buffer
+    first.release()
+    frames = dec.resume() + dec.feed(rest[10:])
+    assert len(frames) == 1 and frames[0].intact
+    frames[0].release()
+    assert dec.pool.leases == 0
+
+
+def test_close_releases_a_partial_payload() -> None:
+    dec = decoder()
+    frame = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, bytes(200_000))
+    assert dec.feed(frame[:100_000]) == []
+    assert dec.pool.leases == 1
+    dec.close()
+    assert dec.pool.leases == 0
