@@ -102,7 +102,7 @@ def test_metadata_must_be_a_msgpack_map() -> None:
     for meta in (b"\xc1", b"\x93\x01\x02\x03"):  # never-used byte; a list
         prefix = struct.pack("<4sBBBBIQQ", MAGIC, 1, 1, 1, 0, len(meta), 0, 0)
         frame = prefix + struct.pack("<I", zlib.crc32(meta, zlib.crc32(prefix))) + meta
-        with pytest.raises(FrameError, match="msgpack|map"):
+        with pytest.raises(FrameError, match=r"msgpack|map"):
             decoder().feed(frame)
 
 
