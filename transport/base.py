@@ -23,7 +23,9 @@ them out when the receiver must own them.
 Pushes are atomic: the receiver stages a push's blocks and makes them visible (commits them) only
 when all arrived intact and the sender's commit gate opened (the link model uses the gate to hold
 the blocks until their emulated arrival time). A push that fails, times out or is cancelled before
-its commit leaves nothing staged or registered at either end.
+its commit leaves nothing staged or registered at either end; a receiver refuses a commit that
+reaches it after the sender's deadline. Pushes are idempotent (the inbox keeps one copy per block
+id and layer range), so a sender may retry one whose error says ``maybe_delivered``.
 """
 
 from __future__ import annotations
@@ -74,9 +76,15 @@ class ClockLike(Protocol):
 
 # -- errors ---------------------------------------------------------------------------------------
 class TransportError(Exception):
-    """Base of every transport failure. ``code`` is the name sent on the wire when a peer reports it."""
+    """Base of every transport failure. ``code`` is the name sent on the wire when a peer reports it.
+
+    ``maybe_delivered`` is true when a push failed after its commit had been sent: the receiver may
+    have committed it (it refuses commits that reach it after the sender's deadline, so this happens
+    only when the acknowledgement itself was late). Pushes are idempotent, so a retry is safe.
+    """
 
     code = "transport"
+    maybe_delivered = False
 
 
 class ConnectError(TransportError):
@@ -382,36 +390,46 @@ class TransportOptions(Frozen):
 class Inbox:
     """Committed pushes waiting for their receiver, by request id.
 
-    ``receive`` waits until at least ``count`` blocks of a request were committed, then hands all of
-    them over in one delivery (arrival order). ``discard`` drops a request's blocks (releasing their
-    buffers); ``close`` drops everything and fails waiters with :class:`TransportClosed`.
+    ``receive`` waits until at least ``count`` distinct blocks of a request were committed, then hands
+    all of them over in one delivery (first-arrival order). Deliveries are idempotent: a block that
+    arrives again under the same request, id and layer range replaces the earlier copy, so a sender
+    may retry a push whose outcome it does not know. ``discard`` drops a request's blocks (releasing
+    their buffers); ``close`` drops everything and fails waiters with :class:`TransportClosed`.
     """
 
     def __init__(self) -> None:
-        self._blocks: dict[RequestId, list[Block]] = {}
-        self._leases: dict[RequestId, list[Releasable]] = {}
+        self._entries: dict[RequestId, dict[tuple[int, tuple[int, int]], tuple[Block, Releasable | None]]] = {}
         self._changed: dict[RequestId, asyncio.Event] = {}
         self._closed = False
 
-    def deliver(self, request_id: RequestId, blocks: Iterable[Block], leases: Iterable[Releasable] = ()) -> None:
+    def deliver(self, request_id: RequestId, blocks: Sequence[Block],
+                leases: Sequence[Releasable | None] = ()) -> None:
+        """Register ``blocks`` (with ``leases[i]`` holding ``blocks[i]``, if any) in one step."""
+        held = list(leases) + [None] * (len(blocks) - len(leases))
         if self._closed:
-            for lease in leases:
-                lease.release()
+            for lease in held:
+                if lease is not None:
+                    lease.release()
             return
-        self._blocks.setdefault(request_id, []).extend(blocks)
-        self._leases.setdefault(request_id, []).extend(leases)
+        table = self._entries.setdefault(request_id, {})
+        for b, lease in zip(blocks, held, strict=True):
+            old = table.get((b.block_id, b.layers))
+            if old is not None and old[1] is not None:
+                old[1].release()
+            table[(b.block_id, b.layers)] = (b, lease)
         ev = self._changed.get(request_id)
         if ev is not None:
             ev.set()
 
     def count(self, request_id: RequestId) -> int:
-        return len(self._blocks.get(request_id, ()))
+        return len(self._entries.get(request_id, ()))
 
     def total_blocks(self) -> int:
-        return sum(len(v) for v in self._blocks.values())
+        return sum(len(v) for v in self._entries.values())
 
     def take(self, request_id: RequestId) -> Delivery:
-        return Delivery(self._blocks.pop(request_id, []), self._leases.pop(request_id, []))
+        table = self._entries.pop(request_id, {})
+        return Delivery([b for b, _ in table.values()], [lease for _, lease in table.values() if lease is not None])
 
     async def wait(self, request_id: RequestId, count: int) -> Delivery:
         """Wait (no deadline here: the caller's scope has it) until ``count`` blocks are in, then take them."""
@@ -433,7 +451,7 @@ class Inbox:
 
     def close(self) -> None:
         self._closed = True
-        for rid in list(self._blocks):
+        for rid in list(self._entries):
             self.discard(rid)
         for ev in self._changed.values():
             ev.set()

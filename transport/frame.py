@@ -57,9 +57,9 @@ class FrameType(IntEnum):
     PUSH_DATA = 1
     """One block of a push: meta {t, i, b, l}."""
     PUSH_END = 2
-    """End of a push: meta {t, r, n, c}; c = commit now (no gate)."""
+    """End of a push: meta {t, r, n, c, x}; c = commit now (no gate), x = the sender's deadline."""
     COMMIT = 3
-    """Make a staged push visible: meta {t}."""
+    """Make a staged push visible: meta {t, x}."""
     ACK = 4
     """Answer to PUSH_END or COMMIT: meta {t, ok, s?, e?, m?}."""
     PULL = 5

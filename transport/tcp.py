@@ -9,7 +9,10 @@ Push: ``PUSH_DATA`` per block, then ``PUSH_END``. The receiver stages the blocks
 when all arrived intact; with no gate it commits at once (one round trip), otherwise the sender awaits
 the gate and sends ``COMMIT``, and the receiver makes the blocks visible and acknowledges again. A
 sender that gives up (deadline, cancellation, error) sends ``CANCEL`` and the receiver drops what it
-staged; a lost connection drops everything staged on it.
+staged; a lost connection drops everything staged on it. A commit carries the sender's deadline
+(``time.time()``; hosts are assumed to keep their clocks in step to well under a deadline): a receiver
+that reads it later, because it was backlogged, refuses it rather than deliver a push its sender
+already reported as failed.
 
 Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block and
 ``PULL_END`` (or ``PULL_END`` with an error). A puller that gives up sends ``CANCEL``; the server stops.
@@ -56,6 +59,7 @@ from transport.base import (
     Site,
     SizeHook,
     TransferRecord,
+    TransferTimeout,
     TransportClosed,
     TransportError,
     TransportOptions,
@@ -272,6 +276,20 @@ class _Pending:
             lease.release()
 
 
+class _Progress:
+    """How far a push got: whether a commit was sent, and whether the receiver answered it."""
+
+    __slots__ = ("answered", "commit_sent")
+
+    def __init__(self) -> None:
+        self.commit_sent = False
+        self.answered = False
+
+    @property
+    def unknown(self) -> bool:
+        return self.commit_sent and not self.answered
+
+
 class _Client:
     """The initiator's connection to one peer and its transfers in flight."""
 
@@ -321,8 +339,11 @@ class _Client:
         for p in self.pending.values():
             p.fail(PeerGone(f"connection to {self.location} lost" + (f" ({exc})" if exc else "")))
 
-    async def _await(self, p: _Pending, *expected: FrameType) -> tuple[FrameType, dict[str, Any]]:
+    async def _await(self, p: _Pending, *expected: FrameType,
+                     progress: _Progress | None = None) -> tuple[FrameType, dict[str, Any]]:
         ftype, meta = await p.next()
+        if progress is not None:
+            progress.answered = True
         if meta.get("ok") is False:
             raise error_from_wire(str(meta.get("e", "transport")), f"peer {self.location}: {meta.get('m', '')}")
         if ftype not in expected:
@@ -334,7 +355,13 @@ class _Client:
             with contextlib.suppress(TransportError):
                 self.conn.send(FrameType.CANCEL, {"t": tid})
 
-    async def push(self, request_id: RequestId, blocks: Sequence[Block], gate: Gate | None) -> float:
+    async def push(self, request_id: RequestId, blocks: Sequence[Block], gate: Gate | None, expires_at: float,
+                   progress: _Progress) -> float:
+        """Move ``blocks``; return the wall seconds until the receiver had them all, verified.
+
+        ``expires_at`` (``time.time()`` seconds) travels with the commit: a receiver that reads the commit
+        later refuses it. ``progress`` tells the caller whether a commit was sent and not answered.
+        """
         assert self.conn is not None
         conn = self.conn
         tid = next(self.ids)
@@ -356,15 +383,18 @@ class _Client:
                 conn.send(FrameType.PUSH_DATA, {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)},
                           block=b, algo=algo)
             await conn.drain()
-            conn.send(FrameType.PUSH_END, {"t": tid, "r": request_id, "n": len(blocks), "c": gate is None})
-            await self._await(p, FrameType.ACK)
+            conn.send(FrameType.PUSH_END, {"t": tid, "r": request_id, "n": len(blocks), "c": gate is None,
+                                           "x": expires_at})
+            progress.commit_sent = gate is None
+            await self._await(p, FrameType.ACK, progress=progress)
             wall = time.perf_counter() - t0
             self.budget.release(held)
             held = 0
             if gate is not None:
                 await gate()
-                conn.send(FrameType.COMMIT, {"t": tid})
-                await self._await(p, FrameType.ACK)
+                conn.send(FrameType.COMMIT, {"t": tid, "x": expires_at})
+                progress.commit_sent, progress.answered = True, False
+                await self._await(p, FrameType.ACK, progress=progress)
             finished = True
             return wall
         finally:
@@ -405,19 +435,31 @@ class _Client:
 
 
 # -- serving side ---------------------------------------------------------------------------------
+def _expiry(meta: dict[str, Any]) -> float | None:
+    """The sender's deadline carried by a commit (``time.time()`` seconds), if any."""
+    x = meta.get("x")
+    if x is None:
+        return None
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise FrameError("frame field 'x' must be a number (the sender's deadline)")
+    return float(x)
+
+
 class _Staged:
     __slots__ = ("bad", "blocks", "leases", "request_id")
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
-        self.leases: list[Lease] = []
+        self.leases: list[Lease | None] = []
+        """Aligned with ``blocks`` (None for an empty payload)."""
         self.bad: TransportError | None = None
         self.request_id: RequestId = RequestId("")
 
     def release(self) -> None:
         leases, self.leases = self.leases, []
         for lease in leases:
-            lease.release()
+            if lease is not None:
+                lease.release()
 
 
 class _Server:
@@ -436,13 +478,13 @@ class _Server:
         if ft == FrameType.PUSH_DATA:
             self._stage(t, f)
         elif ft == FrameType.PUSH_END:
-            self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"))
+            self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"), _expiry(f.meta))
         elif ft == FrameType.COMMIT:
             st = self.committable.pop(t, None)
             if st is None:
                 self._ack(t, BlockNotFound(f"transfer {t} is not staged (cancelled, failed or already committed)"))
             else:
-                self._deliver(t, st)
+                self._deliver(t, st, _expiry(f.meta))
         elif ft == FrameType.CANCEL:
             for table in (self.staged, self.committable):
                 dropped = table.pop(t, None)
@@ -478,18 +520,17 @@ class _Server:
         except FrameError:
             f.release()
             raise
-        if f.lease is not None:
-            st.leases.append(f.lease)
-        if st.bad is not None:
-            return
-        if i != len(st.blocks):
+        if st.bad is None and i != len(st.blocks):
             st.bad = FrameError(f"push block #{i} arrived out of order")
-        elif not f.intact:
+        elif st.bad is None and not f.intact:
             st.bad = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
-        else:
-            st.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        if st.bad is not None:
+            f.release()
+            return
+        st.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        st.leases.append(f.lease)
 
-    def _end(self, t: int, request_id: str, n: int, commit: bool) -> None:
+    def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
         st = self.staged.pop(t, None) or _Staged()
         st.request_id = RequestId(request_id)
         if st.bad is None and len(st.blocks) != n:
@@ -498,15 +539,19 @@ class _Server:
             st.release()
             self._ack(t, st.bad)
         elif commit:
-            self._deliver(t, st)
+            self._deliver(t, st, expires_at)
         else:
             self.committable[t] = st
             self._ack(t, None, staged=True)
 
-    def _deliver(self, t: int, st: _Staged) -> None:
+    def _deliver(self, t: int, st: _Staged, expires_at: float | None) -> None:
         if self.owner.closed:
             st.release()
             self._ack(t, TransportClosed("receiver closed"))
+            return
+        if expires_at is not None and time.time() > expires_at:
+            st.release()
+            self._ack(t, TransferTimeout("the commit reached the receiver after the sender's deadline"))
             return
         self.owner.inbox.deliver(st.request_id, st.blocks, st.leases)
         st.leases = []
@@ -636,9 +681,16 @@ class TcpTransport(EndpointBase):
         self._check_open()
         what = f"tcp push {request_id!r} to {address}"
         start = self.clock.now_ms()
-        async with within(self.clock, self.deadline(deadline_ms), what):
-            client = await self._client(address.location)
-            wall = await client.push(request_id, blocks, gate)
+        dl = self.deadline(deadline_ms)
+        expires_at = time.time() + self.clock.to_wall_s(dl - start)
+        progress = _Progress()
+        try:
+            async with within(self.clock, dl, what):
+                client = await self._client(address.location)
+                wall = await client.push(request_id, blocks, gate, expires_at, progress)
+        except TransportError as e:
+            e.maybe_delivered = progress.unknown
+            raise
         return self._record("push", request_id, address.site, blocks, start, wall)
 
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
