@@ -11,7 +11,6 @@ import yaml
 
 from cluster.launch import ClusterHandle, launch
 from cluster.loadtest import (
-    ClientConfig,
     LoadTestConfig,
     ReplayConfig,
     RequestId,
