@@ -27,7 +27,7 @@ from run_cluster import main
 
 pytestmark = pytest.mark.integration
 
-SPEC = {
+SPEC: dict[str, object] = {
     "name": "it-loadtest",
     "time_scale": 1.0,
     "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 2,
@@ -147,8 +147,9 @@ def test_replay_slice_prints_the_summary(cluster: ClusterHandle, tmp_path: Path,
 
 def test_loadtest_command_launches_the_config_and_prints_json(ray_cluster: object, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    spec = dict(SPEC, name="it-loadtest-cli", time_scale=0.5)
-    spec["nodes"] = [dict(SPEC["nodes"][0], gpus=1, engines=[{"name": "solo", "model": "llama-3.1-8b"}])]
+    spec = {"name": "it-loadtest-cli", "time_scale": 0.5,
+            "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1,
+                       "engines": [{"name": "solo", "model": "llama-3.1-8b"}]}]}
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(spec))
     trace = tmp_path / "t.jsonl"
