@@ -211,26 +211,29 @@ class FrameDecoder:
     def _process(self) -> list[Frame]:
         if self._failed is not None:
             raise self._failed
+        out: list[Frame] = []
         try:
-            return self._step_all()
+            self._step_all(out)
         except FrameError as e:
             self._failed = e
+            for f in out:  # the stream is abandoned: frames completed before the error go too
+                f.release()
             self.close()
             raise
+        return out
 
-    def _step_all(self) -> list[Frame]:
-        out: list[Frame] = []
+    def _step_all(self, out: list[Frame]) -> None:
         while True:
             avail = self._w - self._r
             if self._state == self._HEAD:
                 if avail < HEADER_SIZE:
-                    return out
+                    return
                 self._parse_header(self._stage_view[self._r:self._r + HEADER_SIZE])
                 self._r += HEADER_SIZE
                 self._state = self._META
             elif self._state == self._META:
                 if avail < self._meta_len:
-                    return out
+                    return
                 meta_b = self._stage_view[self._r:self._r + self._meta_len]
                 self._r += self._meta_len
                 if zlib.crc32(meta_b, zlib.crc32(self._hprefix)) != self._hcrc:
@@ -244,7 +247,7 @@ class FrameDecoder:
                     continue
                 lease = self.pool.acquire(self._payload_len)
                 if lease is None:
-                    return out
+                    return
                 self._lease, self._filled = lease, 0
                 self._state = self._PAYLOAD
             else:  # payload
@@ -256,7 +259,7 @@ class FrameDecoder:
                     self._r += k
                     self._filled += k
                 if self._filled < self._payload_len:
-                    return out
+                    return
                 lease, self._lease = self._lease, None
                 view = lease.view
                 intact = checksum_of(self._algo, view) == self._psum
