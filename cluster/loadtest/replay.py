@@ -150,6 +150,7 @@ async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[Req
             task = asyncio.create_task(one(prepared, clock.wall_of(due)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            await asyncio.sleep(0)  # let the send start now, before the next request's body is built
         while tasks:
             await asyncio.gather(*list(tasks))
     finally:
