@@ -96,7 +96,11 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
     """JSON body to a request model; any defect is a 400 that says which field and why."""
-    data = parse_json_object(raw)
+    return validate_request(parse_json_object(raw), cls)
+
+
+def validate_request(data: dict[str, Any], cls: type[BaseModel]) -> Any:
+    """A parsed JSON object as a request model (a 400 naming the field on any defect)."""
     try:
         req = cls.model_validate(data)
     except ValidationError as e:

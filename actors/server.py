@@ -215,7 +215,9 @@ class EngineServer:
                                                         stream.seq.num_cached_prompt_tokens)))
             await resp.write(SSE_DONE)
             await resp.write_eof()
-        except (asyncio.CancelledError, *DISCONNECTS):
+        except DISCONNECTS:
+            stream.abort()  # the client is gone: free its sequence and blocks now
+        except asyncio.CancelledError:
             stream.abort()
             raise
         finally:

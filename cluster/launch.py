@@ -9,6 +9,7 @@ actors, and the Ray instance only when it started it (never ``ray stop``, never 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import time
@@ -28,7 +29,9 @@ class ClusterHandle:
     engines: dict[str, dict[str, Any]]
     router_url: str
     workers: list[Any] = field(repr=False, default_factory=list)
-    router: Any = field(repr=False, default=None)
+    routers: dict[str, Any] = field(repr=False, default_factory=dict)
+    router_urls: dict[str, str] = field(default_factory=dict)
+    """Router URL by residency zone when the router is partitioned, else {"*": url}."""
     owns_ray: bool = False
     ray_tmp: str | None = None
     startup_s: float = 0.0
@@ -51,13 +54,13 @@ class ClusterHandle:
 
         if not ray.is_initialized():
             return
-        actors = [a for a in [self.router, *self.workers] if a is not None]
+        actors = [*self.routers.values(), *self.workers]
         with contextlib.suppress(Exception):
             ray.get([a.stop.remote() for a in actors], timeout=20)
         for a in actors:
             with contextlib.suppress(Exception):
                 ray.kill(a)
-        self.workers, self.router = [], None
+        self.workers, self.routers = [], {}
         if self.owns_ray:
             ray.shutdown()
             if self.ray_tmp:
@@ -97,6 +100,22 @@ def _init_ray(address: str | None) -> tuple[bool, str | None]:
     tmp = tempfile.mkdtemp(prefix="kvmesh-ray-", dir="/tmp")
     ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
     return True, tmp
+
+
+def _wait_router_ready(url: str, timeout_s: float) -> None:
+    """Until the router's view has every worker eligible (feeds connected)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/workers", timeout=5) as r:
+                workers = json.loads(r.read())
+                if workers and all(w["eligible"] for w in workers):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"router {url} did not see every worker healthy within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def _wait_healthy(urls: list[str], timeout_s: float) -> None:
@@ -142,10 +161,16 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
         say("waiting for every engine to answer /health")
         _wait_healthy([d["url"] for d in handle.engines.values()], timeout_s)
         router_cls = ray.remote(num_cpus=0, max_restarts=0)(RouterActor)
-        handle.router = router_cls.remote(handle.engines, spec.router.policy, spec.router.host,
-                                          spec.router.port, spec.router.request_timeout_s)
-        handle.router_url = ray.get(handle.router.start.remote(), timeout=timeout_s)
-        _wait_healthy([handle.router_url], timeout_s)
+        zones: list[str | None] = ([r.name for r in spec.regions] if spec.router.partition_by_residency
+                                   else [None])
+        for zone in zones:
+            handle.routers[zone or "*"] = router_cls.remote(handle.engines, spec_json, zone)
+        urls = ray.get([a.start.remote() for a in handle.routers.values()], timeout=timeout_s)
+        handle.router_urls = dict(zip(handle.routers, urls, strict=True))
+        for url in urls:
+            _wait_router_ready(url, timeout_s)
+        home = spec.router.region if spec.router.region in handle.router_urls else next(iter(handle.router_urls))
+        handle.router_url = handle.router_urls[home]
         handle.startup_s = time.monotonic() - t0
         say(f"cluster up in {handle.startup_s:.1f} s, router at {handle.router_url}")
         return handle

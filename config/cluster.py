@@ -86,9 +86,18 @@ class RouterSpec(Frozen):
     port: int = Field(default=0, ge=0, le=65535)
     """0 picks a free port at start."""
     policy: Name = "round_robin"
+    policy_params: dict[str, float | int | str] = Field(default_factory=dict)
+    region_strategy: Literal["ROUND_ROBIN", "REGIONAL", "GLOBAL"] = "REGIONAL"
     region: Name | None = None
     """Region the router runs in (requests originate there unless they say otherwise)."""
+    partition_by_residency: bool = False
+    """Run one router per region, each seeing only its region's workers (a residency zone)."""
     request_timeout_s: PositiveFloat = 600.0
+    max_attempts: PositiveInt = 3
+    max_waiting: PositiveInt | None = None
+    """A worker with this many requests queued takes no more; when all are full the router answers 429."""
+    index_mode: Literal["events", "approximate"] = "events"
+    migrate: bool = True
 
 
 class TransportSpec(Frozen):
@@ -254,6 +263,11 @@ def cross_check(spec: ClusterSpec, cat: Catalog) -> list[tuple[str, str]]:
             problems.append(("wan", f"no round-trip time for regions {a!r} and {b!r}: add a 'wan' entry"))
     if spec.router.region is not None and spec.router.region not in used_regions:
         problems.append(("router.region", f"region {spec.router.region!r} has no node"))
+    from cluster.router.policies import POLICIES  # a registry owned by the router
+
+    if spec.router.policy not in POLICIES:
+        problems.append(("router.policy", f"unknown routing policy {spec.router.policy!r} "
+                                          f"(known: {', '.join(sorted(POLICIES))})"))
     return problems
 
 

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.router.app import RouterServer
+from cluster.router.app import RouterServer, RouterSettings
 from cluster.router.view import WorkerInfo
+from config.cluster import ClusterSpec
+
+
+def settings_from_spec(spec: ClusterSpec, residency_zone: str | None = None) -> RouterSettings:
+    r = spec.router
+    regions = [x.name for x in spec.regions]
+    rtt = {(a, b): spec.rtt_ms(a, b) for i, a in enumerate(regions) for b in regions[i + 1:]}
+    return RouterSettings(policy=r.policy, policy_params=dict(r.policy_params), region_strategy=r.region_strategy,
+                          region=residency_zone or r.region, residency_zone=residency_zone,
+                          max_attempts=r.max_attempts, request_timeout_s=r.request_timeout_s,
+                          time_scale=spec.time_scale, rtt_ms=rtt, max_waiting=r.max_waiting,
+                          index_mode=r.index_mode, migrate=r.migrate, seed=spec.seed)
 
 
 class RouterActor:
-    def __init__(self, workers: dict[str, dict[str, Any]], policy: str, host: str = "127.0.0.1",
-                 port: int = 0, request_timeout_s: float = 600.0) -> None:
+    def __init__(self, workers: dict[str, dict[str, Any]], spec_json: str, residency_zone: str | None = None) -> None:
+        spec = ClusterSpec.model_validate_json(spec_json)
         infos = [WorkerInfo.from_launch(n, d) for n, d in workers.items()]
-        self.server = RouterServer(infos, policy, host=host, port=port, request_timeout_s=request_timeout_s)
+        self.server = RouterServer(infos, settings_from_spec(spec, residency_zone), host=spec.router.host,
+                                   port=spec.router.port if residency_zone is None else 0)
 
     async def start(self) -> str:
         return await self.server.start()

@@ -1,7 +1,15 @@
-"""The router's view of the cluster: the workers it may send to, and their load as it sees it."""
+"""The router's view of the cluster: workers, their load as the engines report it, health, breakers.
+
+Load arrives over each engine's push feed (``cluster.router.feed``), never by polling per request.
+``inflight`` and ``pending_blocks`` are the router's own real-time additions on top of the last report.
+A worker is eligible when it is healthy (a feed frame within ``health_timeout_s``), not draining, and
+its circuit breaker is closed (or half-open and due for a trial).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -9,44 +17,146 @@ WorkerId = NewType("WorkerId", str)
 
 
 @dataclass
-class WorkerInfo:
-    """One engine the router can send to. ``inflight`` counts requests this router has open on it."""
+class Breaker:
+    """Opens after ``threshold`` consecutive failures; after ``cooldown_s`` one trial request may pass."""
 
+    threshold: int = 3
+    cooldown_s: float = 5.0
+    failures: int = 0
+    opened_at: float | None = None
+
+    def allows(self, now: float) -> bool:
+        return self.opened_at is None or now - self.opened_at >= self.cooldown_s
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+
+    def failure(self, now: float) -> bool:
+        """Record a failure; True when this failure opened the breaker."""
+        self.failures += 1
+        if self.failures >= self.threshold:
+            was_closed = self.opened_at is None
+            self.opened_at = now
+            return was_closed
+        return False
+
+    @property
+    def state(self) -> str:
+        return "closed" if self.opened_at is None else "open"
+
+
+@dataclass
+class WorkerInfo:
     name: WorkerId
     url: str
     role: str = "colocated"
     region: str = "local"
     node: str = ""
     model: str = ""
+    hardware: str = ""
+    tp: int = 1
+    vocab_size: int = 32000
+    block_size: int = 16
+    # Reported by the engine's feed.
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    free_blocks: int = 0
+    num_blocks: int = 0
+    lag_p99_ms: float = 0.0
+    draining: bool = False
+    last_seen: float = 0.0
+    feed_connected: bool = False
+    # The router's own real-time view.
     inflight: int = 0
-    healthy: bool = True
     sent: int = 0
+    pending_blocks: int = 0
+    breaker: Breaker = field(default_factory=Breaker)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def from_launch(name: str, d: dict[str, Any]) -> WorkerInfo:
         return WorkerInfo(WorkerId(name), d["url"], d.get("role", "colocated"), d.get("region", "local"),
-                          d.get("node", ""), d.get("model", ""))
+                          d.get("node", ""), d.get("model", ""), d.get("hardware", ""), int(d.get("tp", 1)),
+                          int(d.get("vocab_size", 32000)), int(d.get("block_size", 16)),
+                          num_blocks=int(d.get("num_blocks", 0)), free_blocks=int(d.get("num_blocks", 0)))
+
+    def update_load(self, load: dict[str, Any], now: float) -> None:
+        self.running = int(load.get("running", 0))
+        self.waiting = int(load.get("waiting", 0))
+        self.kv_usage = float(load.get("kv_usage", 0.0))
+        self.free_blocks = int(load.get("free_blocks", 0))
+        self.num_blocks = int(load.get("num_blocks", self.num_blocks))
+        self.lag_p99_ms = float(load.get("lag_p99_ms", 0.0))
+        self.draining = bool(load.get("draining", False))
+        self.last_seen = now
+        self.pending_blocks = 0  # the report now includes what the router had sent
+
+    @property
+    def used_blocks(self) -> int:
+        return max(0, self.num_blocks - self.free_blocks)
+
+    @property
+    def load(self) -> int:
+        """Requests on the worker as the router best knows: its own open ones, or the engine's count."""
+        return max(self.inflight, self.running + self.waiting)
 
 
 @dataclass(frozen=True)
-class RequestContext:
-    """What a policy may look at: the parsed request body and routing headers."""
-
-    body: dict[str, Any]
-    session_id: str | None = None
-    region: str | None = None
+class RoutingConfig:
+    health_timeout_s: float = 2.0
+    """A worker whose feed is silent this long is unhealthy (the feed beats every 50 ms)."""
+    require_feed: bool = True
+    """Without a feed (an engine that is not kvmesh), health rests on request outcomes alone."""
 
 
 class ClusterView:
-    def __init__(self, workers: list[WorkerInfo]) -> None:
+    """Workers by name; joins and leaves at run time."""
+
+    def __init__(self, workers: list[WorkerInfo], cfg: RoutingConfig | None = None,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg or RoutingConfig()
+        self.now = now
         self.workers: dict[WorkerId, WorkerInfo] = {w.name: w for w in workers}
 
-    def candidates(self, model: str | None = None) -> list[WorkerInfo]:
-        """Healthy workers that can serve a whole request (colocated role), in a stable order."""
-        out = [w for w in self.workers.values() if w.healthy and w.role == "colocated"
-               and (model is None or not w.model or w.model == model)]
-        return sorted(out, key=lambda w: w.name)
+    def add(self, w: WorkerInfo) -> None:
+        self.workers[w.name] = w
+
+    def remove(self, name: WorkerId) -> WorkerInfo | None:
+        return self.workers.pop(name, None)
+
+    def healthy(self, w: WorkerInfo) -> bool:
+        if w.draining:
+            return False
+        if self.cfg.require_feed and w.feed_connected:
+            return self.now() - w.last_seen <= self.cfg.health_timeout_s
+        return True
+
+    def eligible(self, w: WorkerInfo) -> bool:
+        return self.healthy(w) and w.breaker.allows(self.now())
 
     def models(self) -> list[str]:
         return sorted({w.model for w in self.workers.values() if w.model})
+
+    def by_role(self, role: str) -> list[WorkerInfo]:
+        return sorted((w for w in self.workers.values() if w.role == role), key=lambda w: w.name)
+
+
+@dataclass
+class RequestContext:
+    """What a policy may look at. Token ids, block hashes and overlaps are filled in by the router."""
+
+    body: dict[str, Any]
+    session_id: str | None = None
+    origin_region: str | None = None
+    residency: str | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    overlap: dict[WorkerId, int] = field(default_factory=dict)
+    text: str = ""
+    """The prompt as routing text (what text-based policies such as SGLang's cache_aware match on)."""
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_hashes)

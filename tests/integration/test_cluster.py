@@ -103,7 +103,7 @@ def test_200_concurrent_requests_complete_with_the_right_token_counts(cluster: C
 def test_low_load_ttft_and_tpot_match_the_cost_model(cluster: ClusterHandle) -> None:
     cat = default_catalog()
     cost = RooflineCostModel(cat.hardware.get("h100-80g-sxm"), cat.models.get("llama-3.1-8b"), 1)
-    prompt, output = 6000, 64
+    prompt, output = 16000, 64  # a long prefill, so HTTP's few milliseconds stay well inside 5%
     expected = request_colocated(cost, prompt, output, 8192)
 
     async def main() -> list[tuple[int, int, float, float]]:

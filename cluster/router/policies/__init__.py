@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster.router.policies import basic  # noqa: F401  (registers the basic policies)
+from cluster.router.policies import basic, hashing, kv_aware, sglang_cache_aware  # noqa: F401  (registration)
 from cluster.router.policies.base import POLICIES, RoutingPolicy, make_policy, register_policy
 
 __all__ = ["POLICIES", "RoutingPolicy", "make_policy", "register_policy"]

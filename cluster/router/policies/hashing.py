@@ -1,0 +1,64 @@
+"""Hash-affinity policies: session affinity and prefix hash, both by rendezvous (consistent) hashing.
+
+Rendezvous hashing ranks workers by ``hash(key, worker)``: a key keeps its worker while that worker
+stays, and when a worker joins or leaves only the keys that hash to it move. The full ranking doubles
+as the retry order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from cluster.router.policies.base import PolicyBase, by_load, register_policy
+from cluster.router.view import ClusterView, RequestContext, WorkerInfo
+
+
+def rendezvous(key: bytes, candidates: list[WorkerInfo]) -> list[WorkerInfo]:
+    def weight(w: WorkerInfo) -> int:
+        return int.from_bytes(hashlib.blake2b(key + b"|" + w.name.encode(), digest_size=8).digest(), "little")
+
+    return sorted(candidates, key=weight, reverse=True)
+
+
+@register_policy("session_affinity")
+class SessionAffinity(PolicyBase):
+    """Requests of one session (``X-Session-Id`` header or body ``session_id``) go to one worker.
+
+    A request without a session id goes to the least loaded worker.
+    """
+
+    name = "session_affinity"
+    reason = "session"
+
+    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
+        pass
+
+    def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
+        if not ctx.session_id:
+            self.reason = "no_session"
+            return by_load(candidates)
+        self.reason = "session"
+        return rendezvous(ctx.session_id.encode(), candidates)
+
+
+@register_policy("prefix_hash")
+class PrefixHash(PolicyBase):
+    """Consistent hash of the request's first ``blocks`` KV block hashes (default 4)."""
+
+    name = "prefix_hash"
+    reason = "prefix_hash"
+
+    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
+        self.blocks = int(params.get("prefix_blocks", 4))
+
+    def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
+        head = ctx.block_hashes[: self.blocks]
+        if not head:
+            self.reason = "short_prompt"
+            return by_load(candidates)
+        self.reason = "prefix_hash"
+        return rendezvous(struct.pack(f"<{len(head)}Q", *head), candidates)

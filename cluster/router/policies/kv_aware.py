@@ -1,0 +1,53 @@
+"""KV-aware routing: weigh the prefill a worker's cached prefix saves against the load it carries.
+
+For each eligible worker ``w``::
+
+    cost(w) = weight x (request blocks - blocks of the request w already holds)
+              + KV blocks in use on w (reported) + blocks the router sent since that report
+
+The cheapest worker wins (``temperature`` 0), or one is drawn with probability proportional to
+``exp(-cost / (temperature x mean cost))`` to spread ties and near-ties. The remaining workers follow
+by cost, for retries.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from cluster.router.policies.base import PolicyBase, register_policy
+from cluster.router.view import ClusterView, RequestContext, WorkerInfo
+
+
+@register_policy("kv_aware")
+class KVAware(PolicyBase):
+    name = "kv_aware"
+    reason = "kv_cost"
+
+    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
+        self.rng = rng
+        self.weight = float(params.get("overlap_weight", 1.0))
+        self.temperature = float(params.get("temperature", 0.0))
+
+    def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
+        uncached = ctx.num_blocks - ctx.overlap.get(w.name, 0)
+        return self.weight * uncached + w.used_blocks + w.pending_blocks
+
+    def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
+        costs = {w.name: self.cost(w, ctx) for w in candidates}
+        ordered = sorted(candidates, key=lambda w: (costs[w.name], w.load, w.name))
+        best_overlap = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
+        self.reason = "cache_hit" if best_overlap and ctx.overlap.get(ordered[0].name, 0) == best_overlap \
+            else "load"
+        if self.temperature <= 0 or len(ordered) == 1:
+            return ordered
+        mean = sum(costs.values()) / len(costs) or 1.0
+        lo = costs[ordered[0].name]
+        weights = [math.exp(-(costs[w.name] - lo) / (self.temperature * mean)) for w in ordered]
+        pick = self.rng.choices(range(len(ordered)), weights=weights)[0]
+        return [ordered[pick], *ordered[:pick], *ordered[pick + 1:]]
+
+    def on_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
+        worker.pending_blocks += ctx.num_blocks - ctx.overlap.get(worker.name, 0)
