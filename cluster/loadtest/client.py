@@ -57,6 +57,8 @@ class ClientConfig:
     request_timeout_s: float = 3600.0
     """Wall seconds one request may take from send to last byte."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    request_id_prefix: str = ""
+    """Prepended to every ``X-Request-Id`` so concurrent runs against one server never reuse an id."""
 
 
 def build_payload(spec: RequestSpec, model: str, prompt: list[int],
@@ -73,8 +75,8 @@ def build_payload(spec: RequestSpec, model: str, prompt: list[int],
     return body
 
 
-def build_headers(spec: RequestSpec) -> dict[str, str]:
-    h = {"Content-Type": "application/json", HEADER_REQUEST_ID: str(spec.request_id)}
+def build_headers(spec: RequestSpec, id_prefix: str = "") -> dict[str, str]:
+    h = {"Content-Type": "application/json", HEADER_REQUEST_ID: f"{id_prefix}{spec.request_id}"}
     if spec.origin_region:
         h[HEADER_ORIGIN] = spec.origin_region
     if spec.residency_region:
@@ -142,7 +144,8 @@ class CompletionClient:
         if self.model is None:
             raise TargetError("model not resolved: call resolve_model() first")
         payload = build_payload(spec, self.model, self.synthesizer.prompt(spec), self.config.extra_body)
-        return PreparedRequest(spec, json.dumps(payload, separators=(",", ":")).encode(), build_headers(spec))
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        return PreparedRequest(spec, body, build_headers(spec, self.config.request_id_prefix))
 
     async def send(self, req: PreparedRequest, scheduled_wall: float) -> RequestRecord:
         """Send one request now and time its stream; never raises (see the module docstring)."""

@@ -17,7 +17,9 @@ the schedule) set ``trustworthy`` false and add a note; the numbers are still re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
+import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,9 +197,10 @@ async def run_loadtest(base_url: str, trace: TraceData, config: LoadTestConfig,
         else:
             specs = RETIMERS[config.retime](base, rate, config.burstiness, np.random.default_rng([config.seed, 2, i]))
         synth = PromptSynthesizer(seed=config.seed + i)
+        client = dataclasses.replace(config.client, request_id_prefix=f"{uuid.uuid4().hex[:8]}-")
         on_done, close = _progress(len(specs), config.progress, label if rate is not None else config.name)
         try:
-            result = await replay(base_url, specs, config.replay, config.client, synth, on_done=on_done)
+            result = await replay(base_url, specs, config.replay, client, synth, on_done=on_done)
         finally:
             close()
         name = config.name if rate is None else f"{config.name}@{rate:g}rps"
