@@ -71,7 +71,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--metrics-interval", type=float, default=0.5, help="seconds between /metrics polls")
-    g.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    g.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON object on the last line (for --rate sweeps: the sweep "
+                        "object, each rate's summary under 'runs')")
 
 
 def _config(args: argparse.Namespace, time_scale: float) -> Any:
@@ -118,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         from cluster.launch import launch
 
         out.print(f"launching cluster {spec.name} ({len(spec.engines())} engines, time scale {spec.time_scale})")
-        handle = launch(spec)
+        try:
+            handle = launch(spec)
+        except Exception as e:  # Ray and start-up errors come in many types; all mean the same here
+            raise SystemExit(f"error: cluster {spec.name} did not start: {type(e).__name__}: {e}") from None
         url, time_scale = str(handle.router_url), spec.time_scale
     else:
         url, time_scale = args.target, args.time_scale if args.time_scale is not None else 1.0

@@ -3,9 +3,10 @@
 - Prefix cache: vLLM's counters ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens;
   exposed as ``..._total``); the run's hit ratio is the delta of hits over the delta of queries.
 - Step lag: kvmesh's histogram ``kvmesh:step_lag_ms`` (how late engine steps really ended against their
-  deadlines); the run's p50 / p99 come from the delta of its buckets, interpolated inside a bucket as
-  Prometheus' ``histogram_quantile`` does, and its max is the upper bound of the highest bucket the run
-  touched (or the gauge ``kvmesh:step_lag_ms_max`` when the target exports one).
+  deadlines, in wall ms as the engines export it); the run's p50 / p99 come from the delta of its
+  buckets, interpolated inside a bucket as Prometheus' ``histogram_quantile`` does, and its max is the
+  upper bound of the highest bucket the run touched (or the gauge ``kvmesh:step_lag_ms_max`` when the
+  target exports one).
 - Queue depth: the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, polled every
   ``interval_s`` during the run, summed and per series (per worker when the router lists its workers at
   ``GET /workers``, else per label set of the target's own gauges).
