@@ -1,0 +1,133 @@
+"""Routing policies rank candidates as documented; SGLang's cache_aware tree behaves as sgl-router's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cluster.router.policies import POLICIES, make_policy
+from cluster.router.policies.sglang_cache_aware import ApproxTree
+from cluster.router.regions import Topology, global_rank, regional_split
+from cluster.router.view import Breaker, ClusterView, RequestContext, WorkerId, WorkerInfo
+
+
+def workers(n: int = 3, region: str = "r") -> list[WorkerInfo]:
+    return [WorkerInfo(WorkerId(f"w{i}"), f"http://w{i}", region=region, num_blocks=100, free_blocks=100)
+            for i in range(n)]
+
+
+def names(ws: list[WorkerInfo]) -> list[str]:
+    return [w.name for w in ws]
+
+
+def ctx(**kw: object) -> RequestContext:
+    return RequestContext(body={}, **kw)  # type: ignore[arg-type]
+
+
+def test_registry_holds_every_policy() -> None:
+    for p in ("round_robin", "random", "least_loaded", "power_of_two", "session_affinity", "prefix_hash",
+              "kv_aware", "sglang_cache_aware"):
+        assert p in POLICIES
+    with pytest.raises(KeyError, match="unknown routing policy"):
+        make_policy("nope")
+
+
+def test_round_robin_rotates() -> None:
+    ws = workers()
+    p = make_policy("round_robin")
+    firsts = [p.rank(ws, ctx(), ClusterView(ws))[0].name for _ in range(4)]
+    assert firsts == ["w0", "w1", "w2", "w0"]
+
+
+def test_least_loaded_and_power_of_two() -> None:
+    ws = workers(4)
+    ws[0].inflight, ws[1].inflight, ws[2].inflight, ws[3].inflight = 5, 1, 3, 2
+    assert names(make_policy("least_loaded").rank(ws, ctx(), ClusterView(ws))) == ["w1", "w3", "w2", "w0"]
+    p2 = make_policy("power_of_two", random.Random(3))
+    for _ in range(20):
+        ranked = p2.rank(ws, ctx(), ClusterView(ws))
+        assert ranked[0].name != "w0"  # the most loaded never wins a pair
+        assert sorted(names(ranked)) == ["w0", "w1", "w2", "w3"]
+
+
+def test_session_affinity_is_sticky_and_consistent() -> None:
+    ws = workers(5)
+    p = make_policy("session_affinity")
+    chosen = {s: p.rank(ws, ctx(session_id=s), ClusterView(ws))[0].name for s in map(str, range(50))}
+    assert all(p.rank(ws, ctx(session_id=s), ClusterView(ws))[0].name == w for s, w in chosen.items())
+    fewer = [w for w in ws if w.name != "w2"]
+    moved = [s for s, w in chosen.items() if p.rank(fewer, ctx(session_id=s), ClusterView(fewer))[0].name != w]
+    assert all(chosen[s] == "w2" for s in moved)  # only the removed worker's sessions move
+
+
+def test_prefix_hash_follows_the_first_blocks() -> None:
+    ws = workers(4)
+    p = make_policy("prefix_hash", params={"prefix_blocks": 2})
+    a = p.rank(ws, ctx(block_hashes=[1, 2, 3]), ClusterView(ws))[0]
+    b = p.rank(ws, ctx(block_hashes=[1, 2, 99, 100]), ClusterView(ws))[0]
+    assert a is b
+
+
+def test_kv_aware_weighs_overlap_against_load() -> None:
+    ws = workers(2)
+    p = make_policy("kv_aware")
+    c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 8, WorkerId("w1"): 0})
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
+    ws[0].free_blocks = 80  # w0 now carries 20 blocks: 2 + 20 > 10 + 0
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
+    p.on_routed(ws[1], c)
+    assert ws[1].pending_blocks == 10
+
+
+def test_sglang_cache_aware_prefers_its_tree_then_balances() -> None:
+    ws = workers(2)
+    p = make_policy("sglang_cache_aware", params={"balance_abs_threshold": 2, "balance_rel_threshold": 1.5})
+    view = ClusterView(ws)
+    c1 = ctx(prompt_ids=list(range(100)))
+    first = p.rank(ws, c1, view)[0]
+    p.on_routed(first, c1)
+    c2 = ctx(prompt_ids=list(range(90)) + [7] * 10)
+    assert p.rank(ws, c2, view)[0] is first and p.reason == "cache_hit"
+    c3 = ctx(prompt_ids=[5] * 100)
+    other = p.rank(ws, c3, view)[0]
+    assert other is not first and p.reason == "smallest_tree"
+    first.inflight = 10  # imbalanced: 10 - 0 > 2 and 10 > 1.5 x 0
+    assert p.rank(ws, c2, view)[0] is not first and p.reason == "imbalanced"
+
+
+def test_approx_tree_split_match_and_eviction() -> None:
+    t = ApproxTree()
+    t.insert("hello world", "a")
+    t.insert("hello there", "b")
+    assert t.prefix_match("hello world!") == (11, "a")
+    assert t.prefix_match("hello th") == (8, "b")
+    assert t.prefix_match("help") == (3, "b")  # shared node; most recent tenant
+    assert t.sizes == {"a": 11, "b": 11}
+    t.insert("zzzz", "a")
+    t.evict(max_size=6)
+    assert t.sizes["a"] <= 6 and t.prefix_match("zzzz") == (4, "a")
+    t.remove_tenant("b")
+    assert "b" not in t.sizes and t.prefix_match("hello th")[1] != "b"
+
+
+def test_global_rank_trades_prefill_for_distance() -> None:
+    east, west = workers(1, "east")[0], workers(1, "west")[0]
+    west.name = WorkerId("w-west")
+    topo = Topology({("east", "west"): 65.0})
+    c = ctx(prompt_ids=list(range(4000)), block_hashes=list(range(250)),
+            overlap={WorkerId("w-west"): 250}, origin_region="east")
+    # 4000 tokens at 0.2 ms each = 800 ms saved by the remote hit, against a 65 ms round trip.
+    assert global_rank([east, west], c, topo, lambda w, new, cached: new * 0.2)[0] is west
+    slow_rtt = Topology({("east", "west"): 2000.0})
+    assert global_rank([east, west], c, slow_rtt, lambda w, new, cached: new * 0.2)[0] is east
+    local, rest = regional_split([east, west], c, topo)
+    assert local == [east] and rest == [west]
+
+
+def test_breaker_opens_and_half_opens() -> None:
+    b = Breaker(threshold=2, cooldown_s=5)
+    assert not b.failure(0.0) and b.failure(1.0)
+    assert not b.allows(2.0) and b.allows(6.5)
+    b.success()
+    assert b.state == "closed"
