@@ -58,7 +58,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client")
     g.add_argument("--model", default=None, help="model name to request (default: the target's first model)")
     g.add_argument("--time-scale", type=float, default=None,
-                   help="wall seconds per emulated second of the target (with --target; default 1.0)")
+                   help="wall seconds per emulated second: of the target with --target (default 1.0); with "
+                        "--config it overrides the spec's (above 1 gives a small host headroom)")
     g.add_argument("--request-timeout", type=float, default=3600.0, help="wall seconds per request")
     g.add_argument("--seed", type=int, default=0, help="seed of prompt synthesis, jitter and re-timing")
     g = p.add_argument_group("SLOs and output")
@@ -109,14 +110,16 @@ def run(args: argparse.Namespace) -> int:
                   + "; ".join(f"line {m.line}: {m.reason}" for m in trace.malformed[:3]))
     handle: Any = None
     if args.config is not None:
-        if args.time_scale is not None:
-            raise SystemExit("error: --time-scale goes with --target; with --config the spec's time_scale is used")
         from config import ConfigError, load_cluster
 
         try:
             spec = load_cluster(args.config)
         except ConfigError as e:
             raise SystemExit(f"error: {e}") from None
+        if args.time_scale is not None:
+            if args.time_scale <= 0:
+                raise SystemExit("error: --time-scale must be positive")
+            spec = spec.model_copy(update={"time_scale": args.time_scale})
         from cluster.launch import launch
 
         out.print(f"launching cluster {spec.name} ({len(spec.engines())} engines, time scale {spec.time_scale})")
