@@ -36,6 +36,14 @@ class ClusterHandle:
     ray_tmp: str | None = None
     startup_s: float = 0.0
     worker_pids: list[int] = field(default_factory=list)
+    engine_actor: dict[str, int] = field(default_factory=dict)
+    """Index into ``workers`` of the actor hosting each engine."""
+
+    def kill_engine_actor(self, engine: str) -> None:
+        """Fault injection: kill the actor process hosting ``engine`` (and any engine sharing it)."""
+        import ray
+
+        ray.kill(self.workers[self.engine_actor[engine]], no_restart=True)
 
     @property
     def engine_urls(self) -> dict[str, str]:
@@ -155,8 +163,9 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
         handle.workers = [worker_cls.options(name=None).remote(spec_json, [e.name for e in g], host)
                           for g in groups]
         started = ray.get([w.start.remote() for w in handle.workers], timeout=timeout_s)
-        for part in started:
+        for i, part in enumerate(started):
             handle.engines.update(part)
+            handle.engine_actor.update(dict.fromkeys(part, i))
         handle.worker_pids = ray.get([w.pid.remote() for w in handle.workers], timeout=timeout_s)
         say("waiting for every engine to answer /health")
         _wait_healthy([d["url"] for d in handle.engines.values()], timeout_s)

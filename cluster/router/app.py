@@ -190,7 +190,8 @@ class RouterServer:
         s = self.settings
         if s.residency_zone is not None:
             workers = [w for w in workers if w.region == s.residency_zone]
-        self.view = ClusterView(workers, RoutingConfig(health_timeout_s=s.health_timeout_s), now)
+        self.view = ClusterView(workers, RoutingConfig(health_timeout_s=s.health_timeout_s,
+                                                       require_feed=s.index_mode == "events"), now)
         self.rng = random.Random(s.seed)
         self.policy = make_policy(s.policy, self.rng, s.policy_params)
         self._policies: dict[str, RoutingPolicy] = {s.policy: self.policy}
@@ -522,9 +523,13 @@ class RouterServer:
                     self._realized_from_body(data)
                     worker.breaker.success()
                     self.metrics.responses.labels(str(upstream.status)).inc()
-                    return web.Response(body=data, status=upstream.status, headers={"Content-Type": ctype})
+                    return web.Response(body=data, status=upstream.status,
+                                        headers={"Content-Type": ctype, "X-Served-By": worker.name,
+                                                 "X-Served-Region": worker.region})
                 resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                               "Cache-Control": "no-cache"})
+                                                               "Cache-Control": "no-cache",
+                                                               "X-Served-By": worker.name,
+                                                               "X-Served-Region": worker.region})
                 await resp.prepare(request)
                 failure = await self._relay(upstream, resp, st)
             if failure is None:

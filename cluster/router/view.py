@@ -129,8 +129,8 @@ class ClusterView:
     def healthy(self, w: WorkerInfo) -> bool:
         if w.draining:
             return False
-        if self.cfg.require_feed and w.feed_connected:
-            return self.now() - w.last_seen <= self.cfg.health_timeout_s
+        if self.cfg.require_feed:
+            return w.feed_connected and self.now() - w.last_seen <= self.cfg.health_timeout_s
         return True
 
     def eligible(self, w: WorkerInfo) -> bool:
