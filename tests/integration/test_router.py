@@ -107,7 +107,7 @@ def test_kv_events_steer_a_shared_prefix_to_the_worker_that_holds_it() -> None:
         assert workers[served]["indexed_blocks"] >= 2000 // 16
         hits = []
         for k in range(3):
-            _, hk, events, warm = asyncio.run(stream(h.router_url, {"prompt": shared + [12 + k] * 20,
+            _, hk, _, warm = asyncio.run(stream(h.router_url, {"prompt": shared + [12 + k] * 20,
                                                                      "max_tokens": 2}))
             hits.append(hk["X-Served-By"])
         assert hits == [served] * 3
@@ -163,7 +163,7 @@ def test_a_worker_killed_mid_stream_is_migrated_without_losing_or_repeating_toke
                         await asyncio.get_running_loop().run_in_executor(None, h.kill_engine_actor, served)
                 return r.status, dict(r.headers), events
 
-        status, headers, events = asyncio.run(main())
+        status, _, events = asyncio.run(main())
         assert status == 200
         content = [e for e in events if e.get("choices")]
         ids = {e["id"] for e in content}

@@ -1,0 +1,172 @@
+"""Engines on a real local Ray cluster: fidelity at low load, capacity of this machine, start-up and memory.
+
+Figures, each beside its same-run baseline:
+- fidelity: a client's measured TTFT and TPOT of isolated requests against the cost model's prediction
+  (ratio), with the engines' step lag p50/p99;
+- capacity: the highest output-token rate streamed to clients through the router that 4 and 8 emulated
+  GPUs sustain with step-lag p99 <= 5 ms, closed-loop concurrency doubling until the lag bound breaks,
+  at time_scale 1.0, 0.5 and 2.0 (``--quick``: 4 GPUs at 1.0 only); baseline: the ideal rate the cost
+  model gives for the same batch sizes;
+- start-up: seconds from launch to every engine healthy, and resident memory per worker actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp  # noqa: E402
+import ray  # noqa: E402
+
+from actors.cost_model import RooflineCostModel, StepShape, request_colocated  # noqa: E402
+from bench._common import emit, parser  # noqa: E402
+from cluster.launch import ClusterHandle, launch  # noqa: E402
+from config import ClusterSpec, default_catalog  # noqa: E402
+
+LAG_BOUND_MS = 5.0
+PROMPT, OUTPUT = 512, 128
+
+
+def spec(gpus: int, scale: float) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": f"bench-{gpus}xh100", "time_scale": scale,
+        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": gpus,
+                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": gpus}]}],
+        "router": {"policy": "least_loaded"}})
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(16, 128000) for _ in range(n)]
+
+
+async def stream_one(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float, int]:
+    t0 = time.monotonic()
+    first = 0.0
+    n = 0
+    async with s.post(url, json=body) as r:
+        async for line in r.content:
+            if line.startswith(b"data: {") and b'"text"' in line:
+                n += 1
+                if n == 1:
+                    first = time.monotonic()
+    return first - t0, time.monotonic() - first, n
+
+
+async def closed_loop(url: str, concurrency: int, duration_s: float, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    tokens = 0
+    stop = time.monotonic() + duration_s
+
+    async def user(s: aiohttp.ClientSession) -> None:
+        nonlocal tokens
+        while time.monotonic() < stop:
+            body = {"prompt": prompt(rng, PROMPT), "max_tokens": OUTPUT, "ignore_eos": True, "stream": True}
+            _, _, n = await stream_one(s, url + "/v1/completions", body)
+            tokens += n
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await asyncio.gather(*(user(s) for _ in range(concurrency)))
+    wall = time.monotonic() - t0
+    return {"tokens": tokens, "wall_s": wall, "rate_tok_s": tokens / wall}
+
+
+def lag_of(h: ClusterHandle) -> dict[str, float]:
+    load = h.load()
+    return {"p50": max(v["lag_p50_ms"] for v in load.values()), "p99": max(v["lag_p99_ms"] for v in load.values()),
+            "max": max(v["lag_max_ms"] for v in load.values())}
+
+
+def ideal_rate(gpus: int, concurrency: int, scale: float) -> float:
+    """Output tokens per wall second the cost model allows when each engine decodes its share of the users."""
+    cat = default_catalog()
+    cm = RooflineCostModel(cat.hardware.get("h100-80g-sxm"), cat.models.get("llama-3.1-8b"), 1)
+    per = max(1, concurrency // gpus)
+    step = cm.step(StepShape.of(decodes=[PROMPT + OUTPUT // 2] * per)).total_ms
+    prefill = cm.step(StepShape.of(prefills=[(PROMPT, 0)])).total_ms
+    per_request_ms = prefill + OUTPUT * step  # an engine's users share its steps
+    return gpus * per * OUTPUT / (per_request_ms / 1000.0) / scale
+
+
+def fidelity(h: ClusterHandle, scale: float) -> dict[str, Any]:
+    cat = default_catalog()
+    cm = RooflineCostModel(cat.hardware.get("h100-80g-sxm"), cat.models.get("llama-3.1-8b"), 1)
+    expected = request_colocated(cm, 4000, 64, 8192)
+    rng = random.Random(1)
+
+    async def main() -> list[tuple[float, float, int]]:
+        async with aiohttp.ClientSession() as s:
+            return [await stream_one(s, h.router_url + "/v1/completions",
+                                     {"prompt": prompt(rng, 4000), "max_tokens": 64, "ignore_eos": True,
+                                      "stream": True}) for _ in range(5)]
+
+    ray.get([w.reset_lag.remote() for w in h.workers])
+    runs = asyncio.run(main())
+    ttft = sorted(r[0] * 1000 / scale for r in runs)[2]
+    tpot = sorted(r[1] * 1000 / scale / 63 for r in runs)[2]
+    return {"ttft_ms": round(ttft, 2), "ttft_model_ms": round(expected.ttft_ms, 2),
+            "ttft_ratio": round(ttft / expected.ttft_ms, 4), "tpot_ms": round(tpot, 3),
+            "tpot_model_ms": round(expected.tpot_ms, 3), "tpot_ratio": round(tpot / expected.tpot_ms, 4),
+            "step_lag_ms": lag_of(h)}
+
+
+def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str, Any]:
+    levels = []
+    best: dict[str, Any] | None = None
+    conc = gpus * 2
+    duration = 4.0 if quick else 10.0
+    while conc <= (32 if quick else 512):
+        ray.get([w.reset_lag.remote() for w in h.workers])
+        r = asyncio.run(closed_loop(h.router_url, conc, duration, conc))
+        lag = lag_of(h)
+        row = {"concurrency": conc, "rate_tok_s": round(r["rate_tok_s"], 1),
+               "ideal_rate_tok_s": round(ideal_rate(gpus, conc, scale), 1), "lag_p99_ms": round(lag["p99"], 3),
+               "lag_max_ms": round(lag["max"], 3)}
+        levels.append(row)
+        print(f"  {gpus} GPUs scale {scale}: {row}", flush=True)
+        if lag["p99"] > LAG_BOUND_MS:
+            break
+        best = row
+        conc *= 2
+    return {"levels": levels, "sustained_rate_tok_s": best["rate_tok_s"] if best else 0.0,
+            "sustained_concurrency": best["concurrency"] if best else 0,
+            "ideal_rate_at_that_concurrency": best["ideal_rate_tok_s"] if best else 0.0}
+
+
+def main() -> None:
+    args = parser(__doc__ or "").parse_args()
+    tmp = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
+    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    result: dict[str, Any] = {"bench": "engine", "lag_bound_ms": LAG_BOUND_MS}
+    try:
+        plans = [(4, 1.0)] if args.quick else [(4, 1.0), (8, 1.0), (4, 0.5), (4, 2.0), (8, 0.5), (8, 2.0)]
+        for gpus, scale in plans:
+            h = launch(spec(gpus, scale))
+            try:
+                key = f"{gpus}gpu_scale_{scale}"
+                rss = ray.get([w.rss_bytes.remote() for w in h.workers])
+                result[f"startup_s_{gpus}gpu"] = round(h.startup_s, 2)
+                result[f"worker_rss_mib_{gpus}gpu"] = round(max(rss) / 2**20, 1)
+                if scale == 1.0:
+                    result[f"fidelity_{gpus}gpu"] = fidelity(h, scale)
+                    print(f"fidelity {gpus} GPUs: {result[f'fidelity_{gpus}gpu']}", flush=True)
+                result[f"capacity_{key}"] = capacity(h, gpus, scale, args.quick)
+            finally:
+                h.shutdown()
+    finally:
+        ray.shutdown()
+    print(json.dumps(result, indent=1))
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
