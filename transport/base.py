@@ -40,7 +40,7 @@ from typing import Any, Literal, NewType, Protocol, runtime_checkable
 from pydantic import Field, model_validator
 
 from config.base import Frozen, PositiveFloat, PositiveInt
-from transport.checksum import ChecksumName, checksum_of
+from transport.checksum import ChecksumChoice, ChecksumName, checksum_of, pick
 
 RequestId = NewType("RequestId", str)
 """The request whose KV the blocks belong to; the key of inboxes and offers."""
@@ -214,10 +214,11 @@ class Block:
     def nbytes(self) -> int:
         return self.payload.nbytes
 
-    def with_checksum(self, algo: ChecksumName = "sum64") -> Block:
-        """This block with its checksum computed (itself when it already carries one under ``algo``)."""
-        if self.checksum is not None and self.checksum_algo == algo:
+    def with_checksum(self, choice: ChecksumChoice = "auto") -> Block:
+        """This block with its checksum computed (itself when it already carries one)."""
+        if self.checksum is not None and choice in ("auto", self.checksum_algo):
             return self
+        algo = pick(choice, self.nbytes)
         return Block(self.block_id, self.payload, self.layers, checksum_of(algo, self.payload), algo)
 
     def intact(self) -> bool:
@@ -262,9 +263,26 @@ class Delivery:
         for lease in leases:
             lease.release()
 
-    def detach(self) -> list[Block]:
-        """Owned copies of the blocks; the transport's buffers go back to it."""
-        out = [b.owned() for b in self.blocks]
+    def detach(self, into: Sequence[Any] | None = None) -> list[Block]:
+        """Copies the receiver owns; the transport's buffers go back to it.
+
+        Without ``into`` the copies go to fresh memory; with it, block ``i`` is copied into the
+        receiver's own writable buffer ``into[i]`` (at least as large; e.g. a slot of its KV cache)
+        and the returned block views that buffer.
+        """
+        if into is None:
+            out = [b.owned() for b in self.blocks]
+        else:
+            if len(into) != len(self.blocks):
+                raise ValueError(f"{len(into)} destination buffers for {len(self.blocks)} blocks")
+            out = []
+            for b, dst in zip(self.blocks, into, strict=True):
+                view = as_bytes_view(dst)[: b.nbytes]
+                if view.nbytes < b.nbytes or view.readonly:
+                    raise ValueError(f"destination for block {b.block_id} is read-only or smaller than "
+                                     f"{b.nbytes} bytes")
+                view[:] = b.payload
+                out.append(Block(b.block_id, view, b.layers, b.checksum, b.checksum_algo))
         self.release()
         return out
 
@@ -373,7 +391,8 @@ class TransportOptions(Frozen):
     max_frame_payload: PositiveInt = 128 * MiB
     """Largest payload one frame (one block) may declare; larger declarations are rejected unread."""
     max_meta_bytes: PositiveInt = 64 * 1024
-    checksum: ChecksumName = "sum64"
+    checksum: ChecksumChoice = "auto"
+    """Payload checksum senders compute: ``auto`` is CRC-32 for small payloads and sum64 for large."""
     inproc_verify: Literal["supplied", "always"] = "supplied"
     """``inproc`` moves no bytes, so it verifies only checksums a producer supplied, unless ``always``."""
     ucx_same_host: Literal["auto", "worker_address", "listener"] = "auto"
@@ -547,6 +566,8 @@ class EndpointBase:
     async def receive(self, request_id: RequestId, *, count: int = 1, deadline_ms: float | None = None) -> Delivery:
         """Wait until at least ``count`` pushed blocks of ``request_id`` are committed; take them all."""
         self._check_open()
+        if self.inbox.count(request_id) >= max(1, count):  # already here: no timer needed
+            return self.inbox.take(request_id)
         async with within(self.clock, self.deadline(deadline_ms), f"receive {request_id!r}"):
             return await self.inbox.wait(request_id, count)
 

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import numpy as np
 
 ChecksumName = Literal["sum64", "crc32"]
+ChecksumChoice = Literal["auto", "sum64", "crc32"]
+"""``auto``: CRC-32 below ``AUTO_SUM64_FROM`` bytes (cheaper than numpy's call overhead there), sum64 above."""
+AUTO_SUM64_FROM = 64 * 1024
 CHUNK_WORDS = 512  # 4 KiB
 _M64 = (1 << 64) - 1
 ALGO_IDS: dict[str, int] = {"sum64": 1, "crc32": 2}
@@ -58,6 +61,13 @@ def crc32(payload: Any) -> int:
 
 
 _FUNCS = {"sum64": sum64, "crc32": crc32}
+
+
+def pick(choice: ChecksumChoice, nbytes: int) -> ChecksumName:
+    """The algorithm a sender uses for a payload of ``nbytes`` (each frame names its own)."""
+    if choice == "auto":
+        return "sum64" if nbytes >= AUTO_SUM64_FROM else "crc32"
+    return choice
 
 
 def checksum_of(algo: ChecksumName, payload: Any) -> int:

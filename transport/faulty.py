@@ -52,7 +52,6 @@ from transport.base import (
     TransportStats,
     within,
 )
-from transport.checksum import ChecksumName
 
 FaultKind = Literal["drop", "delay", "bandwidth", "truncate", "corrupt", "reset", "hang"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("drop", "delay", "bandwidth", "truncate", "corrupt", "reset", "hang")
@@ -120,11 +119,10 @@ class FaultyTransport:
     # -- tampering -------------------------------------------------------------------------------
     def _tamper(self, kind: FaultKind, blocks: Sequence[Block]) -> list[Block] | None:
         """Blocks with one truncated or corrupted (original checksums kept), or None if none has bytes."""
-        algo: ChecksumName = "sum64"
         candidates = [i for i, b in enumerate(blocks) if b.nbytes > 0]
         if not candidates:
             return None
-        out = [b.with_checksum(b.checksum_algo if b.checksum is not None else algo) for b in blocks]
+        out = [b.with_checksum() for b in blocks]
         i = self.rng.choice(candidates)
         b = out[i]
         if kind == "truncate":

@@ -55,7 +55,7 @@ _EMPTY = memoryview(b"")
 
 class FrameType(IntEnum):
     PUSH_DATA = 1
-    """One block of a push: meta {t, i, b, l}."""
+    """One block of a push: meta {t, i, b, l}; the last block also carries PUSH_END's {r, n, c, x}."""
     PUSH_END = 2
     """End of a push: meta {t, r, n, c, x}; c = commit now (no gate), x = the sender's deadline."""
     COMMIT = 3
@@ -74,7 +74,7 @@ class FrameType(IntEnum):
     """The initiator gave up on a transfer: meta {t}."""
 
 
-_TYPES = {int(t) for t in FrameType}
+_TYPES = {int(t): t for t in FrameType}
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ class FrameDecoder:
             raise FrameError(f"declared metadata length {meta_len} exceeds the cap {self.limits.max_meta_bytes}")
         if payload_len > self.limits.max_payload:
             raise FrameError(f"declared payload length {payload_len} exceeds the cap {self.limits.max_payload}")
-        self._type = FrameType(ftype)
+        self._type = _TYPES[ftype]
         self._algo = ALGO_NAMES[algo]
         self._meta_len = meta_len
         self._payload_len = payload_len

@@ -5,7 +5,8 @@ that peer, and reopened by the next call after it broke). Many transfers are mul
 has a transfer id, and frames of different transfers interleave at frame boundaries (a frame is
 written in one synchronous step, so frames never interleave inside).
 
-Push: ``PUSH_DATA`` per block, then ``PUSH_END``. The receiver stages the blocks and answers ``ACK``
+Push: ``PUSH_DATA`` per block, the last one also ending the push (``PUSH_END`` when there is no
+block). The receiver stages the blocks and answers ``ACK``
 when all arrived intact; with no gate it commits at once (one round trip), otherwise the sender awaits
 the gate and sends ``COMMIT``, and the receiver makes the blocks visible and acknowledges again. A
 sender that gives up (deadline, cancellation, error) sends ``CANCEL`` and the receiver drops what it
@@ -39,7 +40,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from transport.base import (
     Address,
@@ -67,6 +68,7 @@ from transport.base import (
     error_from_wire,
     within,
 )
+from transport.checksum import ChecksumChoice, pick
 from transport.frame import (
     Frame,
     FrameDecoder,
@@ -86,6 +88,7 @@ log = logging.getLogger(__name__)
 WRITE_HIGH_WATER = 4 << 20
 WRITE_LOW_WATER = 1 << 20
 MAX_STAGED_PER_CONNECTION = 4096
+SMALL_WRITE = 64 * 1024
 
 
 class _Handler(Protocol):
@@ -112,13 +115,12 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         try:
@@ -220,17 +222,21 @@ class FrameConnection(asyncio.BufferedProtocol):
                 raise PeerGone("connection closed")
 
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
-             block: Block | None = None, algo: Any = "sum64") -> None:
+             block: Block | None = None, algo: ChecksumChoice = "auto") -> None:
         """Write one frame now (never interleaved with another). ``block`` supplies payload and checksum."""
         if self.transport is None or self.transport.is_closing():
             raise PeerGone("connection closed")
         if block is not None:
-            head, body = encode(ftype, meta, block.payload, algo=block.checksum_algo if block.checksum is not None
-                                else algo, checksum=block.checksum)
+            head, body = encode(ftype, meta, block.payload, checksum=block.checksum,
+                                algo=block.checksum_algo if block.checksum is not None else pick(algo, block.nbytes))
         else:
-            head, body = encode(ftype, meta, payload, algo=algo)
-        self.transport.write(head)
-        if body.nbytes:
+            head, body = encode(ftype, meta, payload, algo=pick(algo, 0 if payload is None else payload.nbytes))
+        if body.nbytes == 0:
+            self.transport.write(head)
+        elif body.nbytes < SMALL_WRITE:
+            self.transport.write(head + body)  # one write (and syscall) for a small frame
+        else:
+            self.transport.write(head)
             self.transport.write(body)
 
 
@@ -378,13 +384,17 @@ class _Client:
                 held = 0
                 raise
             t0 = time.perf_counter()
+            end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
+            last = len(blocks) - 1
             for i, b in enumerate(blocks):
                 await conn.drain()
-                conn.send(FrameType.PUSH_DATA, {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)},
-                          block=b, algo=algo)
-            await conn.drain()
-            conn.send(FrameType.PUSH_END, {"t": tid, "r": request_id, "n": len(blocks), "c": gate is None,
-                                           "x": expires_at})
+                meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
+                if i == last:
+                    meta.update(end)  # the last block ends the push: one frame fewer per push
+                conn.send(FrameType.PUSH_DATA, meta, block=b, algo=algo)
+            if not blocks:
+                await conn.drain()
+                conn.send(FrameType.PUSH_END, {"t": tid, **end})
             progress.commit_sent = gate is None
             await self._await(p, FrameType.ACK, progress=progress)
             wall = time.perf_counter() - t0
@@ -477,6 +487,9 @@ class _Server:
         ft = f.type
         if ft == FrameType.PUSH_DATA:
             self._stage(t, f)
+            if "n" in f.meta:
+                self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"),
+                          _expiry(f.meta))
         elif ft == FrameType.PUSH_END:
             self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"), _expiry(f.meta))
         elif ft == FrameType.COMMIT:

@@ -1,0 +1,527 @@
+"""KV transport: each backend's throughput and latency beside a bare baseline measured in the same run,
+the link model's accuracy against the analytic expectation, and the fault wrapper's silent corruptions.
+
+- inproc: pushes of blocks of 64 KiB, 1 MiB and 16 MiB handed to a receiver (zero copy), and the same
+  with the receiver taking ownership (``detach``, one copy), against ``numpy.copyto`` of the same sizes.
+- tcp: 64 MiB in 1 MiB blocks (16 concurrent pushes of 4 blocks, multiplexed on one connection) into
+  a receiver in another process, against a blocking-socket sender and receiver moving the same bytes;
+  latency of one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong.
+- ucx: the same 64 MiB through the ucx backend against a bare ucxx send/recv loop, where ucxx imports.
+- link model: 1, 8 and 32 concurrent pushes of 64 MiB (emulated) over a 10 GB/s and a 100 GB/s link
+  at payload scales 1/64 and 1, real bytes over TCP; makespan against n x bytes / bandwidth.
+- faults: 10,000 transfers (half pushes, half pulls) through the fault wrapper over TCP with every fault
+  kind injected; counts outcomes and silent corruptions (delivered bytes that differ from those sent).
+
+Receivers of the throughput figures run in a child process (this script with ``--child``), so sender
+and receiver each have a core, as with the bare baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import uvloop
+
+from actors.clock import Clock
+from bench._common import emit, parser, pct
+from config.catalog import default_catalog
+from transport import (
+    Block,
+    BlockId,
+    FaultPlan,
+    FaultyTransport,
+    LinkModel,
+    RequestId,
+    ShapedTransport,
+    Site,
+    Topology,
+    TransportError,
+    TransportOptions,
+)
+from transport.base import Address, Releasable
+from transport.inproc import InprocHub, InprocTransport
+from transport.tcp import TcpTransport
+
+MiB = 1 << 20
+SENDER, RECEIVER = Site("bench-a", "local"), Site("bench-b", "local")
+HERE = Path(__file__).resolve()
+
+
+def gbps(nbytes: float, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 3) if seconds > 0 else float("nan")
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+# -- child processes ------------------------------------------------------------------------------
+def make_sink(t: Any) -> None:
+    """Receive everything and drop it at once (the receiver still decodes, verifies and commits)."""
+
+    def deliver(request_id: RequestId, blocks: Sequence[Block], leases: Sequence[Releasable | None] = ()) -> None:
+        for lease in leases:
+            if lease is not None:
+                lease.release()
+
+    t.inbox.deliver = deliver
+
+
+async def child_tcp_sink() -> None:
+    t = TcpTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
+    make_sink(t)
+    addr = await t.serve()
+    print(addr.location, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await t.close()
+
+
+async def child_ucx_sink() -> None:
+    from transport.ucx import UcxTransport
+
+    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30, ucx_same_host="listener"))
+    make_sink(t)
+    addr = await t.serve()
+    print(addr.location, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await t.close()
+
+
+def child_bare_sink() -> None:
+    """A blocking socket receiver: per message an 8-byte length, the bytes, then a 1-byte answer."""
+    import threading
+
+    def exit_when_parent_closes_stdin() -> None:
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=exit_when_parent_closes_stdin, daemon=True).start()
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen()
+    print(f"127.0.0.1:{ls.getsockname()[1]}", flush=True)
+    buf = memoryview(bytearray(MiB))
+    head = bytearray(8)
+    while True:  # one connection at a time; a zero length ends it; the parent closing stdin ends us
+        conn, _ = ls.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while conn.recv_into(head, 8, socket.MSG_WAITALL) == 8:
+            (left,) = struct.unpack("<Q", head)
+            if not left:
+                break
+            while left:
+                n = conn.recv_into(buf, min(left, MiB))
+                if not n:
+                    break
+                left -= n
+            conn.sendall(b"k")
+        conn.close()
+
+
+async def child_ucx_bare_sink() -> None:
+    import ucxx
+
+    done = asyncio.Event()
+
+    async def handler(ep: Any) -> None:
+        head = np.empty(1, dtype=np.uint64)
+        buf = np.empty(MiB, dtype=np.uint8)
+        ack = np.ones(1, dtype=np.uint8)
+        while True:
+            await ep.recv(head)
+            n = int(head[0])
+            if n == 0:
+                break
+            for _ in range(n):
+                await ep.recv(buf)
+            await ep.send(ack)
+        await ep.close()
+        done.set()
+
+    listener = ucxx.create_listener(handler, port=0)
+    print(f"127.0.0.1:{listener.port}", flush=True)
+    await done.wait()
+    listener.close()
+
+
+class Child:
+    """This script run as ``--child KIND`` in another process; it prints its address, serves until stdin closes."""
+
+    def __init__(self, kind: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", str(HERE), "--child", kind], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+        assert self.proc.stdout is not None
+        self.location = self.proc.stdout.readline().strip()
+        if not self.location:
+            raise RuntimeError(f"child {kind} did not start")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- inproc ---------------------------------------------------------------------------------------
+async def bench_inproc(total: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    hub = InprocHub()
+    clock = Clock()
+    a, b = InprocTransport(SENDER, clock, hub=hub), InprocTransport(RECEIVER, clock, hub=hub)
+    addr = await b.serve()
+    for size in (64 * 1024, MiB, 16 * MiB):
+        n = max(4, total // size)
+        per = 16  # blocks per push
+        src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+        dst = [np.empty_like(src) for _ in range(per)]  # the receiver's own memory (e.g. its KV cache)
+        blocks = [Block.of(i, src, (0, 32)) for i in range(per)]
+        rounds = max(1, n // per)
+
+        def copy_loop(rounds: int = rounds, src: Any = src, dst: list[Any] = dst) -> float:
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                for d in dst:
+                    np.copyto(d, src)
+            return time.perf_counter() - t0
+
+        async def transfer_loop(detach: bool, rounds: int = rounds, blocks: list[Block] = blocks,
+                                dst: list[Any] = dst) -> float:
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                rid = RequestId(f"i{r}")
+                await a.push(addr, rid, blocks)
+                got = await b.receive(rid, count=len(blocks))
+                if detach:
+                    got.detach(into=dst)
+                else:
+                    got.release()
+            return time.perf_counter() - t0
+
+        moved = rounds * per * size
+        memcpy_s = min(copy_loop() for _ in range(3))
+        zero_s = min([await transfer_loop(False) for _ in range(3)])
+        owned_s = min([await transfer_loop(True) for _ in range(3)])
+        key = f"{size // 1024}KiB"
+        out[key] = {
+            "memcpy_gbps": gbps(moved, memcpy_s), "inproc_gbps": gbps(moved, zero_s),
+            "inproc_copy_into_receiver_gbps": gbps(moved, owned_s),
+            "ratio_inproc_vs_memcpy": ratio(memcpy_s, zero_s),
+            "ratio_inproc_copy_vs_memcpy": ratio(memcpy_s, owned_s),
+        }
+        print(f"inproc {key}: memcpy {out[key]['memcpy_gbps']} GB/s, inproc {out[key]['inproc_gbps']} GB/s "
+              f"(zero copy), inproc + copy into the receiver's buffers "
+              f"{out[key]['inproc_copy_into_receiver_gbps']} GB/s")
+    await a.close()
+    await b.close()
+    return out
+
+
+# -- tcp ------------------------------------------------------------------------------------------
+def bare_throughput(location: str, total: int, reps: int) -> float:
+    host, port = location.split(":")
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8).tobytes()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        s.sendall(struct.pack("<Q", total))
+        for _ in range(total // MiB):
+            s.sendall(payload)
+        s.recv(1)
+        best = min(best, time.perf_counter() - t0)
+    s.sendall(struct.pack("<Q", 0))
+    s.close()
+    return best
+
+
+def bare_pingpong(location: str, size: int, n: int) -> list[float]:
+    host, port = location.split(":")
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = struct.pack("<Q", size) + bytes(size)
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s.sendall(msg)
+        s.recv(1)
+        lat.append((time.perf_counter() - t0) * 1e6)
+    s.sendall(struct.pack("<Q", 0))
+    s.close()
+    return lat
+
+
+async def push_throughput(t: Any, addr: Address, total: int, reps: int, per_push: int = 4) -> float:
+    payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
+    best = float("inf")
+    for rep in range(reps + 1):  # the first round warms the connection and the receiver's pool
+        blocks = [Block.of(i, payload, (0, 32)) for i in range(total // MiB)]  # checksums computed per send
+        groups = [blocks[i:i + per_push] for i in range(0, len(blocks), per_push)]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(t.push(addr, RequestId(f"t{rep}-{i}"), g) for i, g in enumerate(groups)))
+        if rep:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+async def push_latency(t: Any, addr: Address, size: int, n: int) -> list[float]:
+    block = [Block.of(0, np.zeros(size, dtype=np.uint8), (0, 1))]
+    lat = []
+    for i in range(n + 20):
+        t0 = time.perf_counter()
+        await t.push(addr, RequestId(f"l{i}"), block)
+        if i >= 20:
+            lat.append((time.perf_counter() - t0) * 1e6)
+    return lat
+
+
+async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
+    bare, sink = Child("bare-sink"), Child("tcp-sink")
+    try:
+        bare_s = await asyncio.to_thread(bare_throughput, bare.location, total, reps)
+        bare_lat = await asyncio.to_thread(bare_pingpong, bare.location, 4096, pings)
+        t = TcpTransport(SENDER, Clock())
+        addr = Address("tcp", sink.location, RECEIVER)
+        ours_s = await push_throughput(t, addr, total, reps)
+        ours_lat = await push_latency(t, addr, 4096, pings)
+        connects = t.connects
+        await t.close()
+    finally:
+        bare.close()
+        sink.close()
+    bare_pct, ours_pct = pct(bare_lat), pct(ours_lat)
+    lat: dict[str, Any] = {"bare_pingpong": bare_pct, "tcp_push": ours_pct,
+                           "ratio_p50": ratio(ours_pct["p50"], bare_pct["p50"]),
+                           "ratio_p99": ratio(ours_pct["p99"], bare_pct["p99"])}
+    out = {
+        "bytes": total, "block_bytes": MiB, "pushes_in_flight": total // MiB // 4,
+        "bare_socket_gbps": gbps(total, bare_s), "tcp_gbps": gbps(total, ours_s),
+        "ratio_tcp_vs_bare": ratio(bare_s, ours_s), "connections_used": connects, "latency_4KiB_us": lat,
+    }
+    print(f"tcp 64 MiB: bare {out['bare_socket_gbps']} GB/s, tcp {out['tcp_gbps']} GB/s "
+          f"(ratio {out['ratio_tcp_vs_bare']}); 4 KiB latency p50/p99 us: bare {lat['bare_pingpong']['p50']}/"
+          f"{lat['bare_pingpong']['p99']}, tcp push {lat['tcp_push']['p50']}/{lat['tcp_push']['p99']}")
+    return out
+
+
+# -- ucx ------------------------------------------------------------------------------------------
+def ucx_unavailable() -> str | None:
+    try:
+        import ucxx  # noqa: F401
+    except Exception as e:  # ImportError, or a library that fails to load
+        return f"ucxx does not import here ({type(e).__name__}: {e}); install the 'ucx' extra"
+    return None
+
+
+async def ucx_bare_throughput(location: str, total: int, reps: int) -> float:
+    import ucxx
+
+    host, port = location.split(":")
+    ep = await ucxx.create_endpoint(host, int(port))
+    payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
+    ack = np.empty(1, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        await ep.send(np.array([total // MiB], dtype=np.uint64))
+        for _ in range(total // MiB):
+            await ep.send(payload)
+        await ep.recv(ack)
+        best = min(best, time.perf_counter() - t0)
+    await ep.send(np.array([0], dtype=np.uint64))
+    await ep.close()
+    return best
+
+
+async def bench_ucx(total: int, reps: int) -> dict[str, Any]:
+    reason = ucx_unavailable()
+    if reason is not None:
+        print(f"ucx: skipped: {reason}")
+        return {"skipped": reason}
+    from transport.ucx import UcxTransport
+
+    bare, sink = Child("ucx-bare-sink"), Child("ucx-sink")
+    try:
+        bare_s = await ucx_bare_throughput(bare.location, total, reps)
+        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="listener"))
+        addr = Address("ucx", sink.location, RECEIVER)
+        ours_s = await push_throughput(t, addr, total, reps)
+        ours_lat = await push_latency(t, addr, 4096, 200)
+        await t.close()
+    finally:
+        bare.close()
+        sink.close()
+    out = {"bytes": total, "bare_ucxx_gbps": gbps(total, bare_s), "ucx_gbps": gbps(total, ours_s),
+           "ratio_ucx_vs_bare": ratio(bare_s, ours_s), "latency_4KiB_us": pct(ours_lat),
+           "baseline": "bare ucxx loop (ucx_perftest is not shipped in the wheel)"}
+    print(f"ucx 64 MiB: bare ucxx {out['bare_ucxx_gbps']} GB/s, ucx {out['ucx_gbps']} GB/s "
+          f"(ratio {out['ratio_ucx_vs_bare']})")
+    return out
+
+
+# -- link model -----------------------------------------------------------------------------------
+async def bench_link(counts: Sequence[int], emulated_bytes: int) -> list[dict[str, Any]]:
+    links = default_catalog().links
+    sink = Child("tcp-sink")
+    cells = []
+    try:
+        for link_name in ("lesson-tcp", "lesson-rdma"):
+            link = links.get(link_name)
+            for scale in (1 / 64, 1.0):
+                real = int(emulated_bytes * scale)
+                block = max(real // 64, 1)
+                payload = np.random.default_rng(2).integers(0, 256, block * 64, dtype=np.uint8)
+                for n in counts:
+                    clock = Clock(1.0)
+                    inner = TcpTransport(SENDER, clock)
+                    t = ShapedTransport(inner, LinkModel(Topology.flat(link), clock, payload_scale=scale))
+                    addr = Address("tcp", sink.location, RECEIVER)
+                    blocks = [Block.of(i, payload[i * block:(i + 1) * block], (0, 32)) for i in range(64)]
+                    await t.push(addr, RequestId("warm"), blocks[:1])  # connect outside the measurement
+                    recs = await asyncio.gather(*(t.push(addr, RequestId(f"k{i}"), blocks) for i in range(n)))
+                    await t.close()
+                    start = min(r.started_ms for r in recs)
+                    makespan = max(r.started_ms + r.emulated_ms for r in recs) - start
+                    analytic = n * (64 * block / scale) / (link.bandwidth_gbps * 1e6) + link.latency_us / 1000
+                    bottleneck = any(r.real_bottleneck for r in recs)
+                    err = makespan / analytic - 1
+                    cell = {
+                        "link": link_name, "gbps": link.bandwidth_gbps, "payload_scale": round(scale, 6),
+                        "concurrent": n, "emulated_mib_each": round(64 * block / scale / MiB, 2),
+                        "analytic_ms": round(analytic, 3), "emulated_makespan_ms": round(makespan, 3),
+                        "error_pct": round(100 * err, 2), "real_wall_ms_max": round(max(r.wall_ms for r in recs), 3),
+                        "real_transport_bottleneck": bottleneck,
+                        "within_5pct": abs(err) <= 0.05,
+                    }
+                    cells.append(cell)
+                    print(f"link {link_name} {link.bandwidth_gbps} GB/s scale {scale:.4f} n={n}: analytic "
+                          f"{cell['analytic_ms']} ms, emulated {cell['emulated_makespan_ms']} ms "
+                          f"({cell['error_pct']:+.2f}%), real wall max {cell['real_wall_ms_max']} ms"
+                          f"{' [real transport was the bottleneck]' if bottleneck else ''}")
+    finally:
+        sink.close()
+    return cells
+
+
+# -- faults ---------------------------------------------------------------------------------------
+async def bench_faults(n: int, concurrency: int = 64, deadline_ms: float = 100.0) -> dict[str, Any]:
+    clock = Clock(1.0)
+    plan = FaultPlan.every_kind(0.5, seed=2026, delay_ms=(0.0, 60.0), reset_after_ms=(0.0, 2.0))
+    a = FaultyTransport(TcpTransport(SENDER, clock), plan)
+    b = FaultyTransport(TcpTransport(RECEIVER, clock), plan)
+    addr = await b.serve()
+    outcomes: Counter[str] = Counter()
+    silent = untyped = 0
+    overshoot: list[float] = []
+    sem = asyncio.Semaphore(concurrency)
+    rng = np.random.default_rng(7)
+    payloads = [rng.integers(0, 256, 8192, dtype=np.uint8) for _ in range(64)]
+
+    async def one(i: int) -> None:
+        nonlocal silent, untyped
+        rid = RequestId(f"f{i}")
+        sent = [Block.of(0, payloads[i % 64][:4096], (0, 16)), Block.of(1, payloads[(i + 1) % 64], (16, 32))]
+        async with sem:
+            dl = clock.now_ms() + deadline_ms
+            try:
+                if i % 2:
+                    await a.push(addr, rid, sent, deadline_ms=dl)
+                    got = await b.receive(rid, count=2, deadline_ms=dl)
+                else:
+                    b.publish(rid, sent)
+                    got = await a.pull(addr, rid, [BlockId(0), BlockId(1)], deadline_ms=dl)
+            except TransportError as e:
+                outcomes[type(e).__name__] += 1
+                overshoot.append(max(0.0, clock.now_ms() - dl))
+                b.discard(rid)
+                return
+            except Exception:
+                untyped += 1
+                return
+            finally:
+                b.withdraw(rid)
+            with got:
+                if [bytes(g.payload) for g in got.blocks] != [bytes(s.payload) for s in sent]:
+                    silent += 1
+            outcomes["delivered_intact"] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    await a.close()
+    await b.close()
+    injected = Counter(a.injected) + Counter(b.injected)
+    out = {"transfers": n, "deadline_ms": deadline_ms, "outcomes": dict(outcomes), "injected": dict(injected),
+           "silent_corruptions": silent, "untyped_errors": untyped,
+           "error_after_deadline_ms": pct(overshoot), "wall_s": round(wall, 2)}
+    print(f"faults: {n} transfers, outcomes {dict(outcomes)}, injected {dict(injected)}, "
+          f"silent corruptions {silent}, untyped errors {untyped}")
+    return out
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"bench": "transport", "quick": quick}
+    result["inproc"] = await bench_inproc(64 * MiB if quick else 512 * MiB)
+    result["tcp"] = await bench_tcp(64 * MiB, 3 if quick else 8, 300 if quick else 3000)
+    result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 8)
+    result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB)
+    result["faults"] = await bench_faults(2000 if quick else 10_000)
+    clean = [c for c in result["link_model"] if not c["real_transport_bottleneck"]]
+    result["summary"] = {
+        "inproc_1MiB_ratio_vs_memcpy": result["inproc"]["1024KiB"]["ratio_inproc_vs_memcpy"],
+        "inproc_copy_1MiB_ratio_vs_memcpy": result["inproc"]["1024KiB"]["ratio_inproc_copy_vs_memcpy"],
+        "tcp_ratio_vs_bare": result["tcp"]["ratio_tcp_vs_bare"],
+        "tcp_latency_p50_ratio": result["tcp"]["latency_4KiB_us"]["ratio_p50"],
+        "ucx_ratio_vs_bare": result["ucx"].get("ratio_ucx_vs_bare"),
+        "link_cells_not_bottlenecked": len(clean),
+        "link_cells_not_bottlenecked_within_5pct": sum(c["within_5pct"] for c in clean),
+        "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct"]) for c in clean), default=None),
+        "fault_silent_corruptions": result["faults"]["silent_corruptions"],
+    }
+    return result
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--child", default=None, help=argparse_suppress())
+    args = p.parse_args()
+    if args.child == "bare-sink":
+        child_bare_sink()
+        return
+    if args.child:
+        children = {"tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink}
+        uvloop.run(children[args.child]())
+        return
+    result = uvloop.run(run(args.quick))
+    for k, v in result["summary"].items():
+        print(f"{k}: {v}")
+    emit(result)
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
