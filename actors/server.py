@@ -63,6 +63,11 @@ class EngineServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/load", self.load)
+        # SGLang-compatible discovery, so SGLang's router (and tools built for it) can front an engine.
+        for path in ("/get_model_info", "/model_info"):
+            app.router.add_get(path, self.model_info)
+        for path in ("/get_server_info", "/server_info"):
+            app.router.add_get(path, self.server_info)
         app.router.add_get("/kvmesh/feed", self.feed.handler)
         return app
 
@@ -94,6 +99,19 @@ class EngineServer:
         return web.json_response({"object": "list", "data": [{
             "id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "kvmesh",
             "root": cfg.model_name, "parent": None, "max_model_len": cfg.limits.max_context}]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        name = self.engine.cfg.model_name
+        return web.json_response({"model_path": name, "tokenizer_path": None, "is_generation": True})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        cfg = self.engine.cfg
+        return web.json_response({"model_path": cfg.model_name, "served_model_name": cfg.model_name,
+                                  "max_total_num_tokens": cfg.num_blocks * cfg.block_size,
+                                  "max_running_requests": cfg.limits.max_num_seqs,
+                                  "chunked_prefill_size": cfg.limits.max_num_batched_tokens,
+                                  "page_size": cfg.block_size, "tp_size": int(self.meta.get("tp", 1)),
+                                  "dp_size": 1, "version": "kvmesh"})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         self.metrics.refresh(self.engine)
