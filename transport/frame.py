@@ -236,9 +236,8 @@ class FrameDecoder:
                     return
                 meta_b = self._stage_view[self._r:self._r + self._meta_len]
                 self._r += self._meta_len
-                if zlib.crc32(meta_b, zlib.crc32(self._hprefix)) != self._hcrc:
-                    raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
-                self._meta = _unpack_meta(meta_b)
+                self._meta = Header(self._type, self._algo, self._meta_len, self._payload_len, self._psum,
+                                    self._hprefix, self._hcrc).check_meta(meta_b)
                 self._state = self._WAIT
             elif self._state == self._WAIT:
                 if self._payload_len == 0:
@@ -267,31 +266,51 @@ class FrameDecoder:
                 self._state = self._HEAD
 
     def _parse_header(self, head: memoryview) -> None:
-        magic, version, ftype, algo, flags, meta_len, payload_len, psum, hcrc = HEADER.unpack(head)
-        if magic != MAGIC:
-            raise FrameError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a kvmesh peer")
-        if version != VERSION:
-            raise FrameError(f"peer speaks frame version {version}, this end speaks {VERSION}")
-        if ftype not in _TYPES:
-            raise FrameError(f"unknown frame type {ftype}")
-        if algo not in ALGO_NAMES:
-            raise FrameError(f"unknown checksum algorithm id {algo}")
-        if flags != 0:
-            raise FrameError(f"unsupported frame flags {flags:#x}")
-        if meta_len > self.limits.max_meta_bytes:
-            raise FrameError(f"declared metadata length {meta_len} exceeds the cap {self.limits.max_meta_bytes}")
-        if payload_len > self.limits.max_payload:
-            raise FrameError(f"declared payload length {payload_len} exceeds the cap {self.limits.max_payload}")
-        self._type = _TYPES[ftype]
-        self._algo = ALGO_NAMES[algo]
-        self._meta_len = meta_len
-        self._payload_len = payload_len
-        self._psum = psum
-        self._hprefix = bytes(head[:28])
-        self._hcrc = hcrc
+        h = parse_header(head, self.limits)
+        self._type, self._algo, self._meta_len, self._payload_len = h.type, h.algo, h.meta_len, h.payload_len
+        self._psum, self._hprefix, self._hcrc = h.checksum, h.prefix, h.crc
 
 
-def _unpack_meta(meta_b: memoryview) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A parsed, validated frame header (the metadata is not yet checked)."""
+
+    type: FrameType
+    algo: ChecksumName
+    meta_len: int
+    payload_len: int
+    checksum: int
+    prefix: bytes
+    crc: int
+
+    def check_meta(self, meta_b: bytes | memoryview) -> dict[str, Any]:
+        """The metadata map, after checking the header CRC over header and metadata (FrameError if not)."""
+        if zlib.crc32(meta_b, zlib.crc32(self.prefix)) != self.crc:
+            raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
+        return _unpack_meta(meta_b)
+
+
+def parse_header(head: bytes | memoryview, limits: Limits) -> Header:
+    """Validate a 32-byte header against the protocol and the caps; FrameError names what is wrong."""
+    magic, version, ftype, algo, flags, meta_len, payload_len, psum, hcrc = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a kvmesh peer")
+    if version != VERSION:
+        raise FrameError(f"peer speaks frame version {version}, this end speaks {VERSION}")
+    if ftype not in _TYPES:
+        raise FrameError(f"unknown frame type {ftype}")
+    if algo not in ALGO_NAMES:
+        raise FrameError(f"unknown checksum algorithm id {algo}")
+    if flags != 0:
+        raise FrameError(f"unsupported frame flags {flags:#x}")
+    if meta_len > limits.max_meta_bytes:
+        raise FrameError(f"declared metadata length {meta_len} exceeds the cap {limits.max_meta_bytes}")
+    if payload_len > limits.max_payload:
+        raise FrameError(f"declared payload length {payload_len} exceeds the cap {limits.max_payload}")
+    return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, bytes(head[:28]), hcrc)
+
+
+def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
     try:
         meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises several unrelated classes on garbage

@@ -50,6 +50,12 @@ class Lease:
         self.view.release()
         pool._give_back(self.buffer)
 
+    def discard(self) -> None:
+        """Give up the lease without recycling its buffer (something may still write into it)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool._forget(self.buffer)
+
 
 class BufferPool:
     """Reusable receive buffers under a byte budget (see the module docstring)."""
@@ -64,6 +70,8 @@ class BufferPool:
         self.leases = 0
         self.allocations = 0
         """How many buffers were ever allocated (constant in steady state)."""
+        self.discarded = 0
+        """Buffers dropped by ``Lease.discard`` (never reused)."""
         self._listeners: list[Callable[[], None]] = []
 
     def fits(self, n: int) -> bool:
@@ -107,6 +115,15 @@ class BufferPool:
         self.in_use_bytes -= c
         self.leases -= 1
         self._free.setdefault(c, []).append(buf)
+        for cb in list(self._listeners):
+            cb()
+
+    def _forget(self, buf: bytearray) -> None:
+        c = len(buf)
+        self.in_use_bytes -= c
+        self.leases -= 1
+        self.allocated_bytes -= c
+        self.discarded += 1
         for cb in list(self._listeners):
             cb()
 
