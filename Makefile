@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[test,ucx]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)

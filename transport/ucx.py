@@ -199,7 +199,7 @@ class UcxConnection:
         try:
             while True:
                 await self.io.recv(header)
-                h = parse_header(header, self.limits)
+                h = parse_header(memoryview(header), self.limits)
                 meta_b = bytearray(h.meta_len)
                 if h.meta_len:
                     await self.io.recv(meta_b)
@@ -285,7 +285,8 @@ class UcxTransport(FramedTransport):
         self._uid = secrets.token_bytes(8)
         self._address: Address | None = None
         self._host = host_identity()
-        self._serving: set[asyncio.Future[None]] = set()
+        self.paths: collections.Counter[str] = collections.Counter()
+        """Connections opened, by path: ``worker_address`` (same host) or ``listener``."""
 
     async def serve(self) -> Address:
         self._check_open()
@@ -351,10 +352,12 @@ class UcxTransport(FramedTransport):
                     io: _EndpointIO | _WorkerIO = _WorkerIO(ep, tag_out=_tag(uid, conn_id, b"c2s"),
                                                            tag_in=_tag(uid, conn_id, b"s2c"))
                     await ep.send(hello, tag=_tag(b"hello", uid), force_tag=True)
+                    self.paths["worker_address"] += 1
                 else:
                     host, _, port = address.location.rpartition(":")
                     ep = await ucxx.create_endpoint(host, int(port), connect_timeout=timeout)
                     io = _EndpointIO(ep)
+                    self.paths["listener"] += 1
         except TimeoutError as e:
             raise ConnectError(f"connect to {address} timed out") from e
         except Exception as e:
