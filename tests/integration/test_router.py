@@ -200,3 +200,49 @@ def test_residency_survives_the_loss_of_its_region() -> None:
         assert status == 200 and headers["X-Served-Region"] == "us-east-1"
     finally:
         h.shutdown()
+
+
+def test_partitioned_routers_policy_override_and_saturation() -> None:
+    h = launch(ClusterSpec.model_validate({
+        "name": "rt-misc", "regions": [{"name": "us-east-1"}, {"name": "eu-west-1"}],
+        "nodes": [{"name": f"n-{r}", "region": r, "hardware": "h100-80g-sxm", "gpus": 1,
+                   "engines": [{"name": f"e-{r}", "model": "llama-3.1-8b",
+                                "scheduler": {"max_num_seqs": 1}}]} for r in ("us-east-1", "eu-west-1")],
+        "router": {"policy": "round_robin", "partition_by_residency": True, "max_waiting": 2}}))
+    try:
+        assert set(h.router_urls) == {"us-east-1", "eu-west-1"}
+        eu = h.router_urls["eu-west-1"]
+        assert [w["region"] for w in get_json(eu + "/workers")] == ["eu-west-1"]
+        for _ in range(2):
+            _, hdr, _, _ = asyncio.run(stream(eu, {"prompt": [3, 4, 5], "max_tokens": 1}))
+            assert hdr["X-Served-Region"] == "eu-west-1"
+        status, _, body, _ = asyncio.run(stream(eu, {"prompt": [3, 4], "max_tokens": 1},
+                                                {"X-Route-Policy": "no-such-policy"}))
+        assert status == 400 and "unknown routing policy" in body[0]["error"]["message"]
+        status, _, _, _ = asyncio.run(stream(eu, {"prompt": [3, 4], "max_tokens": 1},
+                                             {"X-Route-Policy": "kv_aware"}))
+        assert status == 200
+
+        async def flood() -> list[int]:
+            async def long_one(k: int) -> int:
+                async with aiohttp.ClientSession() as s, s.post(
+                        eu + "/v1/completions", json={"prompt": prompt(64, 100 + k), "max_tokens": 400,
+                                                      "ignore_eos": True}) as r:
+                    await r.read()
+                    return r.status
+
+            tasks = [asyncio.create_task(long_one(k)) for k in range(4)]  # 1 running, 3 waiting
+            deadline = time.monotonic() + 10
+            while get_json(eu + "/workers")[0]["waiting"] < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            async with aiohttp.ClientSession() as s, s.post(eu + "/v1/completions",
+                                                            json={"prompt": [1, 2], "max_tokens": 1}) as r:
+                assert r.headers.get("Retry-After") == "1"
+                extra = r.status
+            return [extra, *await asyncio.gather(*tasks)]
+
+        statuses = asyncio.run(flood())
+        assert statuses[0] == 429 and statuses[1:] == [200] * 4
+    finally:
+        h.shutdown()
