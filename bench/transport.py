@@ -7,8 +7,9 @@ the link model's accuracy against the analytic expectation, and the fault wrappe
   a receiver in another process, against a blocking-socket sender and receiver moving the same bytes;
   latency of one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong.
 - ucx: the same 64 MiB through the ucx backend against a bare ucxx send/recv loop, where ucxx imports.
-- link model: 1, 8 and 32 concurrent pushes of 64 MiB (emulated) over a 10 GB/s and a 100 GB/s link
-  at payload scales 1/64 and 1, real bytes over TCP; makespan against n x bytes / bandwidth.
+- link model: 1, 8 and 32 concurrent pushes of 64 MiB (emulated; 16 blocks of 4 MiB) over a 10 GB/s
+  and a 100 GB/s link at payload scales 1/64 and 1, real bytes over TCP to another process; the
+  makespan against n x bytes / bandwidth, and whether the real transport kept up.
 - faults: 10,000 transfers (half pushes, half pulls) through the fault wrapper over TCP with every fault
   kind injected; counts outcomes and silent corruptions (delivered bytes that differ from those sent).
 
@@ -57,6 +58,8 @@ from transport.inproc import InprocHub, InprocTransport
 from transport.tcp import TcpTransport
 
 MiB = 1 << 20
+BLOCKS_PER_TRANSFER = 16
+"""Link-model transfers: 16 KV blocks of 4 MiB emulated (16 tokens of a 70B-class model), 64 MiB each."""
 SENDER, RECEIVER = Site("bench-a", "local"), Site("bench-b", "local")
 HERE = Path(__file__).resolve()
 
@@ -93,10 +96,10 @@ async def child_tcp_sink() -> None:
 async def child_ucx_sink() -> None:
     from transport.ucx import UcxTransport
 
-    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30, ucx_same_host="listener"))
+    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
     make_sink(t)
     addr = await t.serve()
-    print(addr.location, flush=True)
+    print("|".join([addr.location, *(f"{k}={v.hex()}" for k, v in addr.extra)]), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await t.close()
 
@@ -297,12 +300,17 @@ async def push_latency(t: Any, addr: Address, size: int, n: int) -> list[float]:
 async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
     bare, sink = Child("bare-sink"), Child("tcp-sink")
     try:
-        bare_s = await asyncio.to_thread(bare_throughput, bare.location, total, reps)
-        bare_lat = await asyncio.to_thread(bare_pingpong, bare.location, 4096, pings)
         t = TcpTransport(SENDER, Clock())
         addr = Address("tcp", sink.location, RECEIVER)
-        ours_s = await push_throughput(t, addr, total, reps)
-        ours_lat = await push_latency(t, addr, 4096, pings)
+        bare_s = ours_s = float("inf")
+        for _ in range(reps):  # alternate, so load from elsewhere on the host hits both alike
+            bare_s = min(bare_s, await asyncio.to_thread(bare_throughput, bare.location, total, 1))
+            ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
+        bare_lat: list[float] = []
+        ours_lat: list[float] = []
+        for _ in range(3):
+            bare_lat += await asyncio.to_thread(bare_pingpong, bare.location, 4096, pings // 3)
+            ours_lat += await push_latency(t, addr, 4096, pings // 3)
         connects = t.connects
         await t.close()
     finally:
@@ -361,25 +369,51 @@ async def bench_ucx(total: int, reps: int) -> dict[str, Any]:
 
     bare, sink = Child("ucx-bare-sink"), Child("ucx-sink")
     try:
+        location, *extras = sink.location.split("|")
+        extra = tuple((k, bytes.fromhex(v)) for k, v in (e.split("=", 1) for e in extras))
+        addr = Address("ucx", location, RECEIVER, extra)
+        paths = {}
         bare_s = await ucx_bare_throughput(bare.location, total, reps)
-        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="listener"))
-        addr = Address("ucx", sink.location, RECEIVER)
-        ours_s = await push_throughput(t, addr, total, reps)
-        ours_lat = await push_latency(t, addr, 4096, 200)
-        await t.close()
+        for mode in ("listener", "worker_address"):
+            t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host=mode))
+            ours_s = await push_throughput(t, addr, total, reps)
+            ours_lat = await push_latency(t, addr, 4096, 200)
+            await t.close()
+            paths[mode] = {"ucx_gbps": gbps(total, ours_s), "ratio_vs_bare_ucxx": ratio(bare_s, ours_s),
+                           "latency_4KiB_us": pct(ours_lat)}
     finally:
         bare.close()
         sink.close()
-    out = {"bytes": total, "bare_ucxx_gbps": gbps(total, bare_s), "ucx_gbps": gbps(total, ours_s),
-           "ratio_ucx_vs_bare": ratio(bare_s, ours_s), "latency_4KiB_us": pct(ours_lat),
-           "baseline": "bare ucxx loop (ucx_perftest is not shipped in the wheel)"}
-    print(f"ucx 64 MiB: bare ucxx {out['bare_ucxx_gbps']} GB/s, ucx {out['ucx_gbps']} GB/s "
-          f"(ratio {out['ratio_ucx_vs_bare']})")
+    out = {"bytes": total, "bare_ucxx_gbps": gbps(total, bare_s), "paths": paths,
+           "ratio_ucx_vs_bare": paths["listener"]["ratio_vs_bare_ucxx"],
+           "baseline": "a bare ucxx send/recv loop over the listener path, 1 MiB messages, other process "
+                       "(ucx_perftest is not shipped in the wheel)"}
+    print(f"ucx 64 MiB: bare ucxx {out['bare_ucxx_gbps']} GB/s; ucx backend by listener "
+          f"{paths['listener']['ucx_gbps']} GB/s, by worker address {paths['worker_address']['ucx_gbps']} GB/s")
     return out
 
 
 # -- link model -----------------------------------------------------------------------------------
-async def bench_link(counts: Sequence[int], emulated_bytes: int) -> list[dict[str, Any]]:
+async def link_trial(sink: Child, link: Any, scale: float, n: int, payload: Any, block: int) -> dict[str, Any]:
+    clock = Clock(1.0)
+    inner = TcpTransport(SENDER, clock)
+    t = ShapedTransport(inner, LinkModel(Topology.flat(link), clock, payload_scale=scale))
+    addr = Address("tcp", sink.location, RECEIVER)
+    blocks = [Block.of(i, payload[i * block:(i + 1) * block], (0, 80)) for i in range(BLOCKS_PER_TRANSFER)]
+    for _ in range(3):  # connect, and learn the commit round trip, outside the measurement
+        await t.push(addr, RequestId("warm"), blocks[:1])
+    recs = await asyncio.gather(*(t.push(addr, RequestId(f"k{i}"), blocks) for i in range(n)))
+    await t.close()
+    start = min(r.started_ms for r in recs)
+    makespan = max(r.started_ms + r.emulated_ms for r in recs) - start
+    each = BLOCKS_PER_TRANSFER * block / scale
+    analytic = n * each / (link.bandwidth_gbps * 1e6) + link.latency_us / 1000
+    return {"makespan_ms": makespan, "analytic_ms": analytic, "error_pct": 100 * (makespan / analytic - 1),
+            "bottleneck": any(r.real_bottleneck for r in recs), "wall_ms_max": max(r.wall_ms for r in recs),
+            "emulated_mib_each": each / MiB}
+
+
+async def bench_link(counts: Sequence[int], emulated_bytes: int, trials: int) -> list[dict[str, Any]]:
     links = default_catalog().links
     sink = Child("tcp-sink")
     cells = []
@@ -387,36 +421,31 @@ async def bench_link(counts: Sequence[int], emulated_bytes: int) -> list[dict[st
         for link_name in ("lesson-tcp", "lesson-rdma"):
             link = links.get(link_name)
             for scale in (1 / 64, 1.0):
-                real = int(emulated_bytes * scale)
-                block = max(real // 64, 1)
-                payload = np.random.default_rng(2).integers(0, 256, block * 64, dtype=np.uint8)
+                block = max(int(emulated_bytes * scale) // BLOCKS_PER_TRANSFER, 1)
+                payload = np.random.default_rng(2).integers(0, 256, block * BLOCKS_PER_TRANSFER, dtype=np.uint8)
                 for n in counts:
-                    clock = Clock(1.0)
-                    inner = TcpTransport(SENDER, clock)
-                    t = ShapedTransport(inner, LinkModel(Topology.flat(link), clock, payload_scale=scale))
-                    addr = Address("tcp", sink.location, RECEIVER)
-                    blocks = [Block.of(i, payload[i * block:(i + 1) * block], (0, 32)) for i in range(64)]
-                    await t.push(addr, RequestId("warm"), blocks[:1])  # connect outside the measurement
-                    recs = await asyncio.gather(*(t.push(addr, RequestId(f"k{i}"), blocks) for i in range(n)))
-                    await t.close()
-                    start = min(r.started_ms for r in recs)
-                    makespan = max(r.started_ms + r.emulated_ms for r in recs) - start
-                    analytic = n * (64 * block / scale) / (link.bandwidth_gbps * 1e6) + link.latency_us / 1000
-                    bottleneck = any(r.real_bottleneck for r in recs)
-                    err = makespan / analytic - 1
+                    runs = [await link_trial(sink, link, scale, n, payload, block) for _ in range(trials)]
+                    clean = [r for r in runs if not r["bottleneck"]]
+                    errors = sorted(r["error_pct"] for r in (clean or runs))
+                    err = errors[len(errors) // 2]
                     cell = {
                         "link": link_name, "gbps": link.bandwidth_gbps, "payload_scale": round(scale, 6),
-                        "concurrent": n, "emulated_mib_each": round(64 * block / scale / MiB, 2),
-                        "analytic_ms": round(analytic, 3), "emulated_makespan_ms": round(makespan, 3),
-                        "error_pct": round(100 * err, 2), "real_wall_ms_max": round(max(r.wall_ms for r in recs), 3),
-                        "real_transport_bottleneck": bottleneck,
-                        "within_5pct": abs(err) <= 0.05,
+                        "concurrent": n, "emulated_mib_each": round(runs[0]["emulated_mib_each"], 2),
+                        "analytic_ms": round(runs[0]["analytic_ms"], 3),
+                        "emulated_makespan_ms": [round(r["makespan_ms"], 3) for r in runs],
+                        "error_pct_median": round(err, 2),
+                        "real_wall_ms_max": round(max(r["wall_ms_max"] for r in runs), 3),
+                        "trials": trials, "trials_real_transport_bottleneck": sum(r["bottleneck"] for r in runs),
+                        "real_transport_bottleneck": not clean,
+                        "within_5pct": bool(clean) and abs(err) <= 5.0,
                     }
                     cells.append(cell)
+                    note = (" [real transport was the bottleneck]" if not clean else
+                            f" [{cell['trials_real_transport_bottleneck']}/{trials} trials bottlenecked]"
+                            if cell["trials_real_transport_bottleneck"] else "")
                     print(f"link {link_name} {link.bandwidth_gbps} GB/s scale {scale:.4f} n={n}: analytic "
                           f"{cell['analytic_ms']} ms, emulated {cell['emulated_makespan_ms']} ms "
-                          f"({cell['error_pct']:+.2f}%), real wall max {cell['real_wall_ms_max']} ms"
-                          f"{' [real transport was the bottleneck]' if bottleneck else ''}")
+                          f"(median error {err:+.2f}%), real wall max {cell['real_wall_ms_max']} ms{note}")
     finally:
         sink.close()
     return cells
@@ -483,7 +512,7 @@ async def run(quick: bool) -> dict[str, Any]:
     result["inproc"] = await bench_inproc(64 * MiB if quick else 512 * MiB)
     result["tcp"] = await bench_tcp(64 * MiB, 3 if quick else 8, 300 if quick else 3000)
     result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 8)
-    result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB)
+    result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB, 1 if quick else 3)
     result["faults"] = await bench_faults(2000 if quick else 10_000)
     clean = [c for c in result["link_model"] if not c["real_transport_bottleneck"]]
     result["summary"] = {
@@ -494,7 +523,7 @@ async def run(quick: bool) -> dict[str, Any]:
         "ucx_ratio_vs_bare": result["ucx"].get("ratio_ucx_vs_bare"),
         "link_cells_not_bottlenecked": len(clean),
         "link_cells_not_bottlenecked_within_5pct": sum(c["within_5pct"] for c in clean),
-        "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct"]) for c in clean), default=None),
+        "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct_median"]) for c in clean), default=None),
         "fault_silent_corruptions": result["faults"]["silent_corruptions"],
     }
     return result

@@ -339,7 +339,9 @@ class TransferRecord:
     model says the transfer takes over the emulated fabric (0 when the transport is not shaped);
     ``wall_ms`` how long the real bytes took to move and be verified. ``real_bottleneck`` is true when
     the real transport was slower than the emulated link (``wall_ms`` in emulated ms exceeded
-    ``modelled_ms``): then ``emulated_ms`` overstates the fabric and the result should be flagged.
+    ``modelled_ms``, counting a push's commit round trip): then ``emulated_ms`` overstates the
+    fabric and the result should be flagged. ``lag_ms`` is how late the call returned against the
+    model, whatever the cause (real transport, or an event loop too busy to wake on time).
     """
 
     request_id: RequestId
@@ -355,6 +357,11 @@ class TransferRecord:
     link: str | None = None
     modelled_ms: float = 0.0
     real_bottleneck: bool = False
+
+    @property
+    def lag_ms(self) -> float:
+        """How much later than the emulated link the call returned (0 when not shaped)."""
+        return max(0.0, self.emulated_ms - self.modelled_ms) if self.link is not None else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,18 +38,21 @@ def _mix(x: int) -> int:
 
 def sum64(payload: Any) -> int:
     """The ``sum64`` checksum of a buffer (see the module docstring)."""
-    a = np.frombuffer(payload, dtype=np.uint8)
-    n = int(a.size)
-    nwords = n // 8
-    words = a[: nwords * 8].view("<u8")
+    mv = payload if isinstance(payload, memoryview) else memoryview(payload)
+    n = mv.nbytes
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    nwords = n >> 3
     nchunks = nwords // CHUNK_WORDS
-    plain = weighted = 0
+    full = nchunks * CHUNK_WORDS
+    plain = weighted = rest = 0
     if nchunks:
-        sums = words[: nchunks * CHUNK_WORDS].reshape(nchunks, CHUNK_WORDS).sum(axis=1, dtype=np.uint64)
+        sums = np.frombuffer(mv, dtype="<u8", count=full).reshape(nchunks, CHUNK_WORDS).sum(axis=1, dtype=np.uint64)
         plain = int(sums.sum(dtype=np.uint64))
-        weighted = int((sums * np.arange(1, nchunks + 1, dtype=np.uint64)).sum(dtype=np.uint64))
-    rest = int(words[nchunks * CHUNK_WORDS:].sum(dtype=np.uint64))
-    tail = int.from_bytes(a[nwords * 8:].tobytes(), "little")
+        weighted = int(sums @ np.arange(1, nchunks + 1, dtype=np.uint64))
+    if nwords > full:
+        rest = int(np.frombuffer(mv, dtype="<u8", count=nwords - full, offset=full * 8).sum(dtype=np.uint64))
+    tail = int.from_bytes(mv[nwords * 8:], "little")
     h = _mix((plain + rest) & _M64)
     h = _mix(h ^ weighted)
     h = _mix(h ^ tail)

@@ -144,8 +144,7 @@ class FrameDecoder:
         self._meta_len = 0
         self._payload_len = 0
         self._psum = 0
-        self._hprefix = b""
-        self._hcrc = 0
+        self._header: Header | None = None
         self._meta: dict[str, Any] = {}
         self._lease: Lease | None = None
         self._filled = 0
@@ -236,8 +235,8 @@ class FrameDecoder:
                     return
                 meta_b = self._stage_view[self._r:self._r + self._meta_len]
                 self._r += self._meta_len
-                self._meta = Header(self._type, self._algo, self._meta_len, self._payload_len, self._psum,
-                                    self._hprefix, self._hcrc).check_meta(meta_b)
+                assert self._header is not None
+                self._meta = self._header.check_meta(meta_b)
                 self._state = self._WAIT
             elif self._state == self._WAIT:
                 if self._payload_len == 0:
@@ -268,7 +267,7 @@ class FrameDecoder:
     def _parse_header(self, head: memoryview) -> None:
         h = parse_header(head, self.limits)
         self._type, self._algo, self._meta_len, self._payload_len = h.type, h.algo, h.meta_len, h.payload_len
-        self._psum, self._hprefix, self._hcrc = h.checksum, h.prefix, h.crc
+        self._psum, self._header = h.checksum, h
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +279,13 @@ class Header:
     meta_len: int
     payload_len: int
     checksum: int
-    prefix: bytes
+    prefix_crc: int
+    """CRC-32 of header bytes 0..27, continued over the metadata by ``check_meta``."""
     crc: int
 
     def check_meta(self, meta_b: bytes | memoryview) -> dict[str, Any]:
         """The metadata map, after checking the header CRC over header and metadata (FrameError if not)."""
-        if zlib.crc32(meta_b, zlib.crc32(self.prefix)) != self.crc:
+        if zlib.crc32(meta_b, self.prefix_crc) != self.crc:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
         return _unpack_meta(meta_b)
 
@@ -307,7 +307,7 @@ def parse_header(head: bytes | memoryview, limits: Limits) -> Header:
         raise FrameError(f"declared metadata length {meta_len} exceeds the cap {limits.max_meta_bytes}")
     if payload_len > limits.max_payload:
         raise FrameError(f"declared payload length {payload_len} exceeds the cap {limits.max_payload}")
-    return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, bytes(head[:28]), hcrc)
+    return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, zlib.crc32(head[:28]), hcrc)
 
 
 def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:

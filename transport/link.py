@@ -24,10 +24,12 @@ many senders into one receiver NIC are not slowed by each other), and a WAN tran
 node NIC (the WAN is far slower).
 
 Shaping (:class:`ShapedTransport`). Wraps any backend: the real bytes and the emulated transfer run
-concurrently; a push's blocks become visible at the receiver only after the emulated completion (the
-backend's commit gate), and a pull returns no earlier than it. ``kv_payload_scale`` converts: emulated
-bytes = real bytes / scale. When the real bytes took longer than the emulated transfer, the record
-says ``real_bottleneck``.
+concurrently; a push's blocks become visible at the receiver at the emulated completion (the
+backend's commit gate), and a pull returns no earlier than it. The commit itself costs a real round
+trip, so the gate opens that much early (a smoothed measurement per peer): the push returns at the
+emulated completion and the receiver sees the blocks half a round trip before it. ``kv_payload_scale``
+converts: emulated bytes = real bytes / scale. When the real bytes (with the commit's round trip)
+took longer than the emulated transfer, the record says ``real_bottleneck``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -160,6 +163,17 @@ class ProcessorSharing:
             return None
         return self.t + min(self.remaining.values()) * len(self.remaining) / self.rate
 
+    def predict(self, flow: FlowId) -> float | None:
+        """When ``flow`` finishes if no flow joins or leaves before then (None if it is not active).
+
+        Under processor sharing a flow with ``r`` bytes left finishes after every flow has drained
+        ``min(its remaining, r)``: at ``t + sum(min(r_j, r)) / rate``.
+        """
+        r = self.remaining.get(flow)
+        if r is None:
+            return None
+        return self.t + sum(min(x, r) for x in self.remaining.values()) / self.rate
+
     def advance(self, t: float) -> list[tuple[FlowId, float]]:
         done: list[tuple[FlowId, float]] = []
         t = max(t, self.t)
@@ -197,19 +211,37 @@ class ProcessorSharing:
         return done
 
 
+class Flow:
+    """One transfer on a :class:`SharedLink`.
+
+    ``done`` resolves with the exact time its bytes drained. ``ready`` resolves ``early_ms`` before
+    that, as predicted when it fires (later joiners may still push the real drain time back; the
+    flow keeps its share of the link until ``done`` either way).
+    """
+
+    __slots__ = ("done", "early_ms", "fid", "ready")
+
+    def __init__(self, fid: FlowId, early_ms: float, loop: asyncio.AbstractEventLoop) -> None:
+        self.fid = fid
+        self.early_ms = early_ms
+        self.done: asyncio.Future[float] = loop.create_future()
+        self.ready: asyncio.Future[float] = loop.create_future()
+
+
 class SharedLink:
     """One link resource shared by concurrent transfers, driven in emulated time by a clock.
 
-    A driver task runs while flows are active: it sleeps to the next predicted completion or until a
-    flow joins or leaves, then advances the model and resolves finished flows with their exact
-    finishing times. A cancelled ``carry`` leaves the link at once (the others are re-rated).
+    A driver task runs while flows are active: it sleeps to the next event (a predicted completion,
+    or a flow's early signal) or until a flow joins or leaves, then advances the model and resolves
+    finished flows with their exact finishing times. A closed flow leaves the link at once (the
+    others are re-rated).
     """
 
     def __init__(self, link: LinkProfile, clock: ClockLike) -> None:
         self.link = link
         self.clock = clock
         self.model = ProcessorSharing(link.bandwidth_gbps * 1e6)  # GB/s = 1e6 bytes per ms
-        self._waiting: dict[FlowId, asyncio.Future[float]] = {}
+        self._flows: dict[FlowId, Flow] = {}
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
         self._kick: asyncio.Future[None] | None = None
@@ -218,30 +250,57 @@ class SharedLink:
     def active(self) -> int:
         return self.model.active
 
+    def open(self, nbytes: float, start_ms: float | None = None, early_ms: float = 0.0) -> Flow:
+        """Start draining ``nbytes`` from ``start_ms`` (default now; never before the model's time)."""
+        flow = Flow(next(self._ids), max(0.0, early_ms), asyncio.get_running_loop())
+        self._flows[flow.fid] = flow
+        now = self.clock.now_ms()
+        t = max(self.model.t, min(now, start_ms if start_ms is not None else now))
+        self._resolve(self.model.add(t, flow.fid, nbytes))
+        self._wake()
+        return flow
+
+    def close_flow(self, flow: Flow) -> None:
+        """Leave the link (a cancelled or finished transfer); idempotent."""
+        self._flows.pop(flow.fid, None)
+        if flow.fid in self.model.remaining:
+            self._resolve(self.model.remove(self.clock.now_ms(), flow.fid))
+            self._wake()
+        for fut in (flow.done, flow.ready):
+            if not fut.done():
+                fut.cancel()
+
     async def carry(self, nbytes: float, start_ms: float | None = None) -> float:
         """Drain ``nbytes`` through the link from ``start_ms`` (default now); return the drained time."""
-        loop = asyncio.get_running_loop()
-        fid = next(self._ids)
-        fut: asyncio.Future[float] = loop.create_future()
-        self._waiting[fid] = fut
-        now = self.clock.now_ms()
-        # Join at the caller's start time when that is already past (no earlier than the model's time).
-        t = max(self.model.t, min(now, start_ms if start_ms is not None else now))
-        self._resolve(self.model.add(t, fid, nbytes))
-        self._wake()
+        flow = self.open(nbytes, start_ms)
         try:
-            return await fut
+            return await flow.done
         finally:
-            self._waiting.pop(fid, None)
-            if fid in self.model.remaining:
-                self._resolve(self.model.remove(self.clock.now_ms(), fid))
-                self._wake()
+            self.close_flow(flow)
 
     def _resolve(self, done: Iterable[tuple[FlowId, float]]) -> None:
         for fid, t in done:
-            fut = self._waiting.get(fid)
-            if fut is not None and not fut.done():
-                fut.set_result(t)
+            flow = self._flows.get(fid)
+            if flow is not None:
+                for fut in (flow.ready, flow.done):
+                    if not fut.done():
+                        fut.set_result(t)
+
+    def _early_events(self) -> float | None:
+        """Signal flows whose predicted drain is within their ``early_ms``; return the next such moment."""
+        now = self.clock.now_ms()
+        nxt: float | None = None
+        for flow in self._flows.values():
+            if flow.early_ms <= 0 or flow.ready.done():
+                continue
+            p = self.model.predict(flow.fid)
+            if p is None:
+                continue
+            if p - flow.early_ms <= now:
+                flow.ready.set_result(p)
+            else:
+                nxt = p - flow.early_ms if nxt is None else min(nxt, p - flow.early_ms)
+        return nxt
 
     def _wake(self) -> None:
         if self._kick is not None and not self._kick.done():
@@ -254,6 +313,9 @@ class SharedLink:
         while self.model.active:
             t_next = self.model.next_completion()
             assert t_next is not None
+            early = self._early_events()
+            if early is not None:
+                t_next = min(t_next, early)
             self._kick = loop.create_future()
             sleeper = loop.create_task(self.clock.sleep_until(t_next))
             try:
@@ -326,12 +388,48 @@ class LinkModel:
         await self.clock.sleep_until(end)
         return Modelled(link, t0, drained, end)
 
+    def open_push(self, src: Site, dst: Site, emulated_bytes: float, start_ms: float,
+                  early_ms: float = 0.0) -> PushFlow:
+        """Start a push's emulated transfer now; its ``arrival`` may be awaited ``early_ms`` ahead."""
+        route = self.topology.route(src, dst)
+        tail_ms = (route.link.latency_us + route.link.setup_us) / 1000.0
+        shared = self.shared(route)
+        flow = shared.open(emulated_bytes, start_ms, early_ms=max(0.0, early_ms - tail_ms))
+        return PushFlow(self.clock, shared, flow, route.link, start_ms, tail_ms, early_ms)
+
     def active(self) -> int:
         return sum(link.active for link in self._links.values())
 
     async def close(self) -> None:
         for link in self._links.values():
             await link.close()
+
+
+class PushFlow:
+    """A push's emulated transfer: ``arrival()`` waits until ``early_ms`` before it completes (the
+    caller's real commit round trip), ``result()`` gives its timing, ``close()`` leaves the link."""
+
+    def __init__(self, clock: ClockLike, shared: SharedLink, flow: Flow, link: LinkProfile, start_ms: float,
+                 tail_ms: float, early_ms: float) -> None:
+        self.clock, self.shared, self.flow, self.link = clock, shared, flow, link
+        self.start_ms, self.tail_ms, self.early_ms = start_ms, tail_ms, early_ms
+
+    async def arrival(self) -> None:
+        predicted = await asyncio.shield(self.flow.ready)
+        end = predicted + self.tail_ms
+        await self.clock.sleep_until(end - min(self.early_ms, (end - self.start_ms) / 2))
+
+    def result(self) -> Modelled:
+        """The timing as known now: exact once drained, else the current prediction (the push is over)."""
+        if self.flow.done.done() and not self.flow.done.cancelled():
+            drained = self.flow.done.result()
+        else:
+            predicted = self.shared.model.predict(self.flow.fid)
+            drained = predicted if predicted is not None else self.clock.now_ms()
+        return Modelled(self.link, self.start_ms, drained, drained + self.tail_ms)
+
+    def close(self) -> None:
+        self.shared.close_flow(self.flow)
 
 
 class ShapedTransport:
@@ -346,6 +444,8 @@ class ShapedTransport:
         self.name = inner.name
         self.site = inner.site
         self.clock = inner.clock
+        self._commit_rtt: dict[str, float] = {}
+        """Smoothed wall seconds from opening a push's commit gate to its return, by peer."""
 
     def deadline(self, deadline_ms: float | None) -> float:
         return self.inner.deadline(deadline_ms)
@@ -362,20 +462,27 @@ class ShapedTransport:
         self.model.topology.route(self.site, address.site)  # an unknown site fails here, before any byte moves
         real = sum(b.nbytes for b in blocks)
         emu = self.model.emulated_bytes(real)
-        flow = asyncio.get_running_loop().create_task(
-            self.model.transfer(self.site, address.site, emu, start_ms=start))
+        commit_rtt = self._commit_rtt.get(address.location, 0.0)
+        flow = self.model.open_push(self.site, address.site, emu, start, self.clock.to_emulated_ms(commit_rtt))
+        opened = 0.0
 
         async def emulated_arrival() -> None:
-            await asyncio.shield(flow)
+            nonlocal opened
+            await flow.arrival()
             if gate is not None:
                 await gate()
+            opened = time.perf_counter()
 
         try:
             rec = await self.inner.push(address, request_id, blocks, deadline_ms=deadline_ms, gate=emulated_arrival)
-            modelled = await flow
+            modelled = flow.result()
         finally:
-            await _cancel(flow)
-        return self._record(rec, modelled, emu, start)
+            flow.close()
+        rtt = 0.0
+        if opened:  # the commit's real round trip: open the next gate that much before the emulated arrival
+            rtt = time.perf_counter() - opened
+            self._commit_rtt[address.location] = rtt if not commit_rtt else 0.8 * commit_rtt + 0.2 * rtt
+        return self._record(rec, modelled, emu, start, real_extra_s=rtt)
 
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
                    deadline_ms: float | None = None, on_size: SizeHook | None = None) -> Delivery:
@@ -409,8 +516,9 @@ class ShapedTransport:
         delivery.record = self._record(delivery.record, modelled, self.model.emulated_bytes(delivery.nbytes), start)
         return delivery
 
-    def _record(self, rec: TransferRecord, modelled: Modelled, emu: float, start: float) -> TransferRecord:
-        real_emulated_ms = self.clock.to_emulated_ms(rec.wall_ms / 1000.0)
+    def _record(self, rec: TransferRecord, modelled: Modelled, emu: float, start: float,
+                real_extra_s: float = 0.0) -> TransferRecord:
+        real_emulated_ms = self.clock.to_emulated_ms(rec.wall_ms / 1000.0 + real_extra_s)
         return TransferRecord(
             request_id=rec.request_id, op=rec.op, backend=rec.backend, peer=rec.peer, blocks=rec.blocks,
             real_bytes=rec.real_bytes, emulated_bytes=emu, started_ms=start,

@@ -259,6 +259,8 @@ class Client:
             end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
             last = len(blocks) - 1
             for i, b in enumerate(blocks):
+                if i:
+                    await asyncio.sleep(0)  # let concurrent transfers interleave, frame by frame
                 await conn.drain()
                 meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
                 if i == last:
@@ -462,6 +464,8 @@ class Server:
             conn.send(FrameType.PULL_HEAD, {"t": t, "n": len(blocks), "bytes": sum(b.nbytes for b in blocks)})
             algo = self.owner.options.checksum
             for i, b in enumerate(blocks):
+                if i:
+                    await asyncio.sleep(0)
                 await conn.drain()
                 conn.send(FrameType.PULL_DATA, {"t": t, "i": i, "b": b.block_id, "l": list(b.layers)},
                           block=b, algo=algo)
