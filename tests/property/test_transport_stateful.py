@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
@@ -91,6 +92,13 @@ class SharingMachine(RuleBasedStateMachine):
         drained = self.added - self.removed_left - sum(self.ps.remaining.values())
         assert abs(drained - self.busy_ms * self.ps.rate) <= 1e-6 * max(1.0, self.added)
         assert all(r > 0 for r in self.ps.remaining.values())
+
+    @invariant()
+    def predictions_agree(self) -> None:
+        if self.ps.remaining:
+            preds = [self.ps.predict(f) for f in self.ps.remaining]
+            assert all(p is not None and p >= self.ps.t for p in preds)
+            assert min(p for p in preds if p is not None) == pytest.approx(self.ps.next_completion())
 
 
 TestPool = PoolMachine.TestCase

@@ -227,3 +227,26 @@ def test_translate_maps_backend_errors() -> None:
     assert isinstance(translate(type("UCXConnectionResetError", (Exception,), {})(), "x"), PeerGone)
     err = IntegrityError("kept")
     assert translate(err, "x") is err
+
+
+def test_inbox_is_idempotent_per_block() -> None:
+    from transport.base import Inbox
+
+    released: list[int] = []
+
+    class Lease:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def release(self) -> None:
+            released.append(self.n)
+
+    inbox = Inbox()
+    first, again = blocks(2), blocks(2, seed=1)
+    inbox.deliver(R, first, [Lease(1), Lease(2)])
+    inbox.deliver(R, again[:1], [Lease(3)])  # a retried push re-delivers block 0
+    assert inbox.count(R) == 2 and released == [1]
+    got = inbox.take(R)
+    assert [bytes(b.payload) for b in got.blocks] == [bytes(again[0].payload), bytes(first[1].payload)]
+    got.release()
+    assert sorted(released) == [1, 2, 3]

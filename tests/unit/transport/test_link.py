@@ -119,3 +119,34 @@ def test_payload_scale_converts_bytes() -> None:
     assert model.emulated_bytes(1 << 20) == 64 << 20
     with pytest.raises(ValueError):
         LinkModel(Topology.flat(GBPS10), VirtualClock(), payload_scale=0)
+
+
+def test_prediction_under_sharing() -> None:
+    ps = ProcessorSharing(1000.0)
+    ps.add(0.0, 1, 1000.0)
+    ps.add(0.0, 2, 3000.0)
+    assert ps.predict(1) == pytest.approx(2.0)  # both drain 1000 B at 500 B/ms
+    assert ps.predict(2) == pytest.approx(4.0)  # then flow 2 alone: 2000 B at 1000 B/ms
+    assert ps.predict(3) is None
+    assert ps.advance(10.0) == [(1, pytest.approx(2.0)), (2, pytest.approx(4.0))]
+
+
+async def test_push_flow_signals_early_by_the_commit_round_trip(vclock: VirtualClock) -> None:
+    model = LinkModel(Topology.flat(GBPS10), vclock)
+    a, b = Site("a", "r"), Site("b", "r")
+
+    async def scenario() -> tuple[float, float, float]:
+        flow = model.open_push(a, b, 10 * MB, start_ms=0.0, early_ms=0.3)
+        await flow.arrival()
+        opened = vclock.now_ms()
+        early = flow.result().end_ms  # predicted while the bytes still drain
+        await vclock.sleep_until(5.0)
+        exact = flow.result().end_ms
+        flow.close()
+        return opened, early, exact
+
+    opened, early, exact = await vclock.run(scenario())
+    assert opened == pytest.approx(1.1 - 0.3)  # 1 ms of bytes + 100 us latency, opened 300 us ahead
+    assert early == pytest.approx(1.1) and exact == pytest.approx(1.1)
+    assert model.active() == 0
+    await model.close()
