@@ -530,18 +530,27 @@ class RouterServer:
                                                                "Cache-Control": "no-cache",
                                                                "X-Served-By": worker.name,
                                                                "X-Served-Region": worker.region})
-                await resp.prepare(request)
-                failure = await self._relay(upstream, resp, st)
-            if failure is None:
-                worker.breaker.success()
-                await self._finish_stream(resp, st)
-                self.metrics.responses.labels("200").inc()
-                return resp
+                try:
+                    await resp.prepare(request)
+                    failure = await self._relay(upstream, resp, st)
+                    if failure is None:
+                        worker.breaker.success()
+                        await self._finish_stream(resp, st)
+                        self.metrics.responses.labels("200").inc()
+                        return resp
+                except DISCONNECTS:
+                    # The client left: leaving this block closes the upstream connection, which aborts
+                    # the request on the engine.
+                    self.metrics.responses.labels("499").inc()
+                    return resp
         finally:
             worker.inflight -= 1
         # The worker died mid-stream: the client holds part of the answer, so continue it elsewhere.
         self._failed(worker)
-        await self._migrate(request, resp, st, ctx, req, {worker.name}, failure)
+        try:
+            await self._migrate(request, resp, st, ctx, req, {worker.name}, failure)
+        except DISCONNECTS:
+            self.metrics.responses.labels("499").inc()
         return resp
 
     async def _relay(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse,
