@@ -3,7 +3,8 @@
 For each eligible worker ``w``::
 
     cost(w) = weight x (request blocks - blocks of the request w already holds)
-              + KV blocks in use on w (reported) + blocks the router sent since that report
+              + KV blocks in use on w (reported), less the request's own cached prefix (shared, not new load)
+              + blocks the router sent since that report
 
 The cheapest worker wins (``temperature`` 0), or one is drawn with probability proportional to
 ``exp(-cost / (temperature x mean cost))`` to spread ties and near-ties. The remaining workers follow
@@ -32,8 +33,8 @@ class KVAware(PolicyBase):
         self.temperature = float(params.get("temperature", 0.0))
 
     def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
-        uncached = ctx.num_blocks - ctx.overlap.get(w.name, 0)
-        return self.weight * uncached + w.used_blocks + w.pending_blocks
+        hit = ctx.overlap.get(w.name, 0)
+        return self.weight * (ctx.num_blocks - hit) + max(0, w.used_blocks - hit) + w.pending_blocks
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         costs = {w.name: self.cost(w, ctx) for w in candidates}

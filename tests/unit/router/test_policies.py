@@ -74,7 +74,7 @@ def test_kv_aware_weighs_overlap_against_load() -> None:
     p = make_policy("kv_aware")
     c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 8, WorkerId("w1"): 0})
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
-    ws[0].free_blocks = 80  # w0 now carries 20 blocks: 2 + 20 > 10 + 0
+    ws[0].free_blocks = 70  # w0 now carries 30 blocks, 8 of them the request's prefix: 2 + 22 > 10 + 0
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
     p.on_routed(ws[1], c)
     assert ws[1].pending_blocks == 10
