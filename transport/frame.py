@@ -71,7 +71,7 @@ class FrameType(IntEnum):
     PULL_END = 8
     """End of a pull answer: meta {t, ok, n?, e?, m?}."""
     CANCEL = 9
-    """The initiator gave up on a transfer: meta {t}."""
+    """The initiator gave up on a transfer: meta {t}; {t: 0, bye: true} closes the connection."""
 
 
 _TYPES = {int(t): t for t in FrameType}

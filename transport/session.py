@@ -110,7 +110,13 @@ class Connection(Protocol):
 
     async def drain(self) -> None: ...
 
-    def abort(self) -> None: ...
+    def abort(self) -> None:
+        """Reset the connection now."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection, telling the peer if it could not otherwise know."""
+        ...
 
 
 class Pending:
@@ -373,6 +379,9 @@ class Server:
             else:
                 self._deliver(t, st, _expiry(f.meta))
         elif ft == FrameType.CANCEL:
+            if f.meta.get("bye") is True:  # the initiator is closing this connection
+                self.conn.abort()
+                return
             for table in (self.staged, self.committable):
                 dropped = table.pop(t, None)
                 if dropped is not None:
@@ -602,7 +611,7 @@ class FramedTransport(EndpointBase):
         self._stop_serving()
         conns = list(self._conns)
         for conn in conns:
-            conn.abort()
+            conn.close()
         if conns:
             await asyncio.wait([c.lost for c in conns], timeout=5.0)
         tasks = [t for s in list(self._servers) for t in s.serving.values()]

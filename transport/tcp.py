@@ -151,6 +151,10 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def close(self) -> None:
+        """TCP tells the peer itself (FIN or RST): closing is aborting."""
+        self.abort()
+
     async def drain(self) -> None:
         if not self.alive:
             raise PeerGone("connection closed")

@@ -19,9 +19,10 @@ Two ways to connect, chosen per peer:
 Failure behaviour: as for every framed backend (typed errors, nothing left staged). UCX errors map to
 ``PeerGone`` (or ``ConnectError`` while connecting) in :func:`transport.base.translate`. A worker-address
 connection has no endpoint that fails when the peer dies, so a call to a dead peer ends at its
-deadline with ``TransferTimeout``. A receive still posted when a connection dies keeps its buffer out
-of the pool for good (UCX may still write into it), so a late message can never corrupt a recycled
-buffer.
+deadline with ``TransferTimeout``, and an initiator that closes says goodbye so its server drops the
+connection (one whose initiator died without a word stays until the server closes). A receive
+still posted when a connection dies keeps its buffer out of the pool for good (UCX may still write
+into it), so a late message can never corrupt a recycled buffer.
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class UcxConnection:
         self._pool_freed = asyncio.Event()
         self._closed = False
         self._on_frame_error = on_frame_error
+        self.bye_on_close = False
+        """Send a goodbye before closing (initiators by worker address: their server sees no error)."""
+        self._closing: asyncio.Task[None] | None = None
         self.handler = make_handler(self)
         self._tasks = {loop.create_task(self._write_loop()), loop.create_task(self._read_loop())}
         for t in self._tasks:
@@ -171,12 +175,31 @@ class UcxConnection:
             await self._space.wait()
 
     def abort(self) -> None:
+        """Close now (a reset)."""
+        self._lose(None)
+
+    def close(self) -> None:
+        """Close; an initiator by worker address first says goodbye (its server could not tell)."""
+        if not (self.bye_on_close and not self._closed):
+            self._lose(None)
+            return
+        self.bye_on_close = False
+        with contextlib.suppress(PeerGone):
+            self.send(FrameType.CANCEL, {"t": 0, "bye": True})
+        self._closing = asyncio.get_running_loop().create_task(self._close_after_flush())
+        self._tasks.add(self._closing)
+
+    async def _close_after_flush(self) -> None:
+        for _ in range(50):  # up to about 0.5 s for the goodbye to leave
+            if not self._queue or self._closed:
+                break
+            await asyncio.sleep(0.01)
         self._lose(None)
 
     # -- tasks -----------------------------------------------------------------------------------
     async def _write_loop(self) -> None:
         try:
-            while True:
+            while not self._closed:
                 while not self._queue:
                     self._wake.clear()
                     await self._wake.wait()
@@ -197,7 +220,7 @@ class UcxConnection:
     async def _read_loop(self) -> None:
         header = bytearray(HEADER_SIZE)
         try:
-            while True:
+            while not self._closed:  # a frame handler may have closed the connection
                 await self.io.recv(header)
                 h = parse_header(memoryview(header), self.limits)
                 meta_b = bytearray(h.meta_len)
@@ -364,7 +387,9 @@ class UcxTransport(FramedTransport):
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise ConnectError(f"cannot connect to {address}: {type(e).__name__}: {e}") from e
-        return UcxConnection(io, self.pool, self.limits, lambda _c: client, self._count_frame_error)
+        conn = UcxConnection(io, self.pool, self.limits, lambda _c: client, self._count_frame_error)
+        conn.bye_on_close = isinstance(io, _WorkerIO)
+        return conn
 
     def _stop_serving(self) -> None:
         if self._listener is not None:

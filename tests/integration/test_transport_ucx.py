@@ -209,3 +209,16 @@ def test_worker_addresses_exchanged_through_ray(ray_cluster: object) -> None:
     ray.get([server.close.remote(), client.close.remote()], timeout=60)
     for actor in (server, client):
         ray.kill(actor)
+
+
+async def test_closing_initiator_frees_the_server_side(pair) -> None:
+    a, b, addr, _ = pair
+    await a.push(addr, R, blocks(1))
+    b.discard(R)
+    assert b.stats().connections == 1
+    await a.close()  # by worker address the server only knows because the initiator says goodbye
+    for _ in range(300):
+        if b.stats().connections == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert b.stats().connections == 0
