@@ -26,8 +26,10 @@ node NIC (the WAN is far slower).
 Shaping (:class:`ShapedTransport`). Wraps any backend: the real bytes and the emulated transfer run
 concurrently; a push's blocks become visible at the receiver at the emulated completion (the
 backend's commit gate), and a pull returns no earlier than it. The commit itself costs a real round
-trip, so the gate opens that much early (a smoothed measurement per peer): the push returns at the
-emulated completion and the receiver sees the blocks half a round trip before it. ``kv_payload_scale``
+trip, so the gate opens that much early: the lead starts at the measured round trip and is then
+corrected, per peer, by how late or early each push returned against its emulated completion
+(absorbing wake-up lag too), so the push returns at the emulated completion and the receiver sees
+the blocks about half a round trip before it. ``kv_payload_scale``
 converts: emulated bytes = real bytes / scale. When the real bytes (with the commit's round trip)
 took longer than the emulated transfer, the record says ``real_bottleneck``.
 """
@@ -61,6 +63,8 @@ from transport.base import (
 )
 
 GPU_LINK_LATENCY_US = {"nvlink": 2.0, "pcie": 5.0}
+MAX_LEAD_S = 0.05
+"""Cap on how early a commit gate opens (a sanity bound on the feedback; real round trips are ~0.1-1 ms)."""
 """One-way latency of the intra-node GPU link by kind (the hardware profile gives only bandwidth)."""
 
 
@@ -413,11 +417,17 @@ class PushFlow:
                  tail_ms: float, early_ms: float) -> None:
         self.clock, self.shared, self.flow, self.link = clock, shared, flow, link
         self.start_ms, self.tail_ms, self.early_ms = start_ms, tail_ms, early_ms
+        self.capped = False
 
-    async def arrival(self) -> None:
+    async def arrival(self) -> float:
+        """Wait until ``early_ms`` before the (predicted) completion; return that planned moment."""
         predicted = await asyncio.shield(self.flow.ready)
         end = predicted + self.tail_ms
-        await self.clock.sleep_until(end - min(self.early_ms, (end - self.start_ms) / 2))
+        half = (end - self.start_ms) / 2
+        self.capped = self.early_ms > half  # a short transfer: never open before half its duration
+        planned = end - min(self.early_ms, half)
+        await self.clock.sleep_until(planned)
+        return planned
 
     def result(self) -> Modelled:
         """The timing as known now: exact once drained, else the current prediction (the push is over)."""
@@ -444,8 +454,8 @@ class ShapedTransport:
         self.name = inner.name
         self.site = inner.site
         self.clock = inner.clock
-        self._commit_rtt: dict[str, float] = {}
-        """Smoothed wall seconds from opening a push's commit gate to its return, by peer."""
+        self._lead: dict[str, float] = {}
+        """Wall seconds a push's commit gate opens before its emulated arrival, by peer (see ``push``)."""
 
     def deadline(self, deadline_ms: float | None) -> float:
         return self.inner.deadline(deadline_ms)
@@ -462,13 +472,16 @@ class ShapedTransport:
         self.model.topology.route(self.site, address.site)  # an unknown site fails here, before any byte moves
         real = sum(b.nbytes for b in blocks)
         emu = self.model.emulated_bytes(real)
-        commit_rtt = self._commit_rtt.get(address.location, 0.0)
-        flow = self.model.open_push(self.site, address.site, emu, start, self.clock.to_emulated_ms(commit_rtt))
+        lead = self._lead.get(address.location)
+        flow = self.model.open_push(self.site, address.site, emu, start, self.clock.to_emulated_ms(lead or 0.0))
         opened = 0.0
+        on_time = False
 
         async def emulated_arrival() -> None:
-            nonlocal opened
-            await flow.arrival()
+            nonlocal opened, on_time
+            entered = self.clock.now_ms()
+            planned = await flow.arrival()
+            on_time = entered <= planned  # the bytes were staged before the gate was due
             if gate is not None:
                 await gate()
             opened = time.perf_counter()
@@ -478,10 +491,12 @@ class ShapedTransport:
             modelled = flow.result()
         finally:
             flow.close()
-        rtt = 0.0
-        if opened:  # the commit's real round trip: open the next gate that much before the emulated arrival
-            rtt = time.perf_counter() - opened
-            self._commit_rtt[address.location] = rtt if not commit_rtt else 0.8 * commit_rtt + 0.2 * rtt
+        rtt = time.perf_counter() - opened if opened else 0.0
+        if opened and on_time and not flow.capped:
+            # Feedback on the lead: start from the commit's round trip, then correct by how late (or
+            # early) the push returned against the emulated arrival, which also absorbs wake-up lag.
+            late_s = self.clock.to_wall_s(self.clock.now_ms() - modelled.end_ms)
+            self._lead[address.location] = rtt if lead is None else min(MAX_LEAD_S, max(0.0, lead + 0.5 * late_s))
         return self._record(rec, modelled, emu, start, real_extra_s=rtt)
 
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
