@@ -254,6 +254,7 @@ class Client:
         held = 0
         finished = False
         algo = self.owner.options.checksum
+        t0 = time.perf_counter()  # real time includes waiting for the connection's in-flight budget
         try:
             held = min(total, self.budget.capacity)
             try:
@@ -261,7 +262,6 @@ class Client:
             except BaseException:
                 held = 0
                 raise
-            t0 = time.perf_counter()
             end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
             last = len(blocks) - 1
             for i, b in enumerate(blocks):
