@@ -75,6 +75,21 @@ class EngineObserver(Protocol):
     def on_finish(self, engine: Engine, seq: Sequence) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """KV blocks a decode engine set aside for a request whose prompt's KV a prefill engine will send.
+
+    ``cached_blocks`` leading blocks were already in this engine's prefix cache: they need no transfer.
+    """
+
+    request_id: RequestId
+    prompt_tokens: int
+    cached_blocks: int
+    total_blocks: int
+    block_hashes: tuple[int, ...]
+    expires_ms: float
+
+
 class RequestStream:
     """The engine's output for one request, consumed by the API handler."""
 
@@ -124,27 +139,69 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._stopping = False
+        self.reserved: dict[RequestId, tuple[Sequence, Reservation]] = {}
+        self.held_until: dict[RequestId, float] = {}
+        """Emulated time at which a finished prefill's held blocks are freed if nobody released them."""
+        self._hold_lease: dict[RequestId, float] = {}
+        self.lease_expiries = 0
+        self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"engine-{self.cfg.name}")
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._loop(), name=f"engine-{self.cfg.name}")
+            self._reaper = loop.create_task(self._reap(), name=f"engine-reaper-{self.cfg.name}")
 
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._reaper = None
         for rid in list(self._streams):
             self.abort(rid)
+        for rid in list(self.reserved):
+            self.cancel_reservation(rid)
+        for rid in list(self.scheduler.held):
+            self.release(rid)
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
-               request_id: str | None = None, arrival_ms: float | None = None) -> RequestStream:
-        """Queue a request; raises EngineError (400) when it can never run here."""
+               request_id: str | None = None, arrival_ms: float | None = None, hold_blocks_ms: float | None = None,
+               ) -> RequestStream:
+        """Queue a request; raises EngineError (400) when it can never run here.
+
+        ``hold_blocks_ms``: keep the request's KV blocks after it finishes (a prefill whose KV a decode
+        engine takes) until ``release`` or for that many emulated ms (the lease).
+        """
+        max_tokens = self._check(prompt_ids, max_tokens)
+        rid = self._new_id(request_id)
+        base = self.outputs.seed_of(prompt_ids, seed)
+        seq = Sequence(rid, list(prompt_ids), max_tokens,
+                       arrival_ms=self.clock.now_ms() if arrival_ms is None else arrival_ms,
+                       stop_after=None if ignore_eos else self.outputs.natural_length(base),
+                       hold_blocks=hold_blocks_ms is not None)
+        if hold_blocks_ms is not None:
+            self._hold_lease[rid] = hold_blocks_ms
+        stream = RequestStream(self, seq)
+        self._streams[rid] = stream
+        self._bases[rid] = base
+        self.scheduler.add(seq)
+        self._wake.set()
+        return stream
+
+    def _new_id(self, request_id: str | None) -> RequestId:
+        rid = RequestId(request_id or f"{self.cfg.name}-{next(self._ids)}")
+        if rid in self._streams or rid in self.reserved or rid in self.scheduler.held:
+            raise EngineError(400, f"request id {rid!r} is already in flight", "request_id")
+        return rid
+
+    def _check(self, prompt_ids: list[int], max_tokens: int | None) -> int:
+        """Validate a request against this engine; the effective max_tokens."""
         if self._stopping:
             raise EngineError(503, "engine is shutting down")
         n_prompt = len(prompt_ids)
@@ -164,21 +221,92 @@ class Engine:
         if need > self.cfg.num_blocks:
             raise EngineError(400, f"the prompt needs {need} KV blocks but this engine has {self.cfg.num_blocks}",
                               "prompt")
-        rid = RequestId(request_id or f"{self.cfg.name}-{next(self._ids)}")
-        if rid in self._streams:
-            raise EngineError(400, f"request id {rid!r} is already in flight", "request_id")
-        base = self.outputs.seed_of(prompt_ids, seed)
-        seq = Sequence(rid, list(prompt_ids), max_tokens,
-                       arrival_ms=self.clock.now_ms() if arrival_ms is None else arrival_ms,
-                       stop_after=None if ignore_eos else self.outputs.natural_length(base))
+        return max_tokens
+
+    # -- disaggregation: holding a prefill's KV, reserving and admitting a decode's -----------------
+    def release(self, rid: RequestId) -> bool:
+        """Free the blocks a finished prefill kept for its transfer."""
+        self.held_until.pop(rid, None)
+        ok = self.scheduler.release(rid)
+        if ok:
+            self._publish_kv_events()
+            self._wake.set()
+        return ok
+
+    def reserve(self, prompt_ids: list[int], max_tokens: int | None, *, request_id: str,
+                lease_ms: float) -> Reservation:
+        """Set aside the blocks of a prompt whose KV will arrive from a prefill engine.
+
+        Raises EngineError 409 when the blocks are not free now (the caller waits and retries: decode
+        memory is never double-booked). The reservation lapses after ``lease_ms`` emulated ms unless
+        ``admit_preloaded`` claims it.
+        """
+        max_tokens = self._check(prompt_ids, max_tokens)
+        rid = self._new_id(request_id)
+        seq = Sequence(rid, list(prompt_ids), max_tokens, arrival_ms=self.clock.now_ms())
+        prefix = self.kv.find_prefix(seq)
+        if not self.kv.allocate(seq, seq.num_tokens - prefix.num_tokens(self.cfg.block_size), prefix):
+            raise EngineError(409, f"no room for {len(prompt_ids)} tokens of KV now "
+                                   f"({self.kv.pool.num_free} blocks free)")
+        seq.num_cached_prompt_tokens = prefix.num_tokens(self.cfg.block_size)
+        res = Reservation(rid, len(prompt_ids), len(prefix.blocks), len(self.kv.blocks_of(rid)),
+                          tuple(int(h) for h in seq.update_block_hashes(self.cfg.block_size)),
+                          self.clock.now_ms() + lease_ms)
+        self.reserved[rid] = (seq, res)
+        return res
+
+    def cancel_reservation(self, rid: RequestId) -> bool:
+        entry = self.reserved.pop(rid, None)
+        if entry is None:
+            return False
+        self.kv.free(entry[0])
+        self._publish_kv_events()
+        self._wake.set()
+        return True
+
+    def admit_preloaded(self, rid: RequestId, first_token: int, *, ignore_eos: bool = False, seed: int = 0,
+                        ) -> RequestStream:
+        """The prompt's KV has arrived into the reserved blocks: decode from the prefill's first token."""
+        entry = self.reserved.pop(rid, None)
+        if entry is None:
+            raise EngineError(404, f"no reservation for request {rid!r} (expired or never made)")
+        seq = entry[0]
+        base = self.outputs.seed_of(seq.prompt_ids, seed)
+        seq.stop_after = None if ignore_eos else self.outputs.natural_length(base)
+        seq.output_ids = [first_token]
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.preloaded = True
+        now = self.clock.now_ms()
+        seq.arrival_ms = seq.first_scheduled_ms = now
+        self.kv.cache_full_blocks(seq)
         stream = RequestStream(self, seq)
         self._streams[rid] = stream
         self._bases[rid] = base
-        self.scheduler.add(seq)
+        if self.scheduler._finish_reason(seq) is not None:  # the first token was also the last
+            self.scheduler._finish(seq, seq.finish_reason or FinishReason.LENGTH)
+            self._close(seq, now)
+            return stream
+        self.scheduler.waiting.appendleft(seq)
+        self._publish_kv_events()
         self._wake.set()
         return stream
 
+    async def _reap(self) -> None:
+        """Free lapsed reservations and held prefill blocks nobody came for (leases)."""
+        while True:
+            await asyncio.sleep(0.05)
+            now = self.clock.now_ms()
+            for rid, (_, res) in list(self.reserved.items()):
+                if res.expires_ms <= now:
+                    self.lease_expiries += 1
+                    self.cancel_reservation(rid)
+            for rid in [r for r, t in self.held_until.items() if t <= now]:
+                self.lease_expiries += 1
+                self.release(rid)
+
     def abort(self, rid: RequestId) -> None:
+        self._hold_lease.pop(rid, None)
+        self.held_until.pop(rid, None)
         seq = self.scheduler.abort(rid)
         stream = self._streams.pop(rid, None)
         self._bases.pop(rid, None)
@@ -278,6 +406,9 @@ class Engine:
                 continue
             stream.queue.put_nowait(StreamEvent((out.token_id,), end_ms, out.finish_reason))
             if out.finish_reason is not None:
+                lease = self._hold_lease.pop(out.seq.request_id, None)
+                if lease is not None:
+                    self.held_until[out.seq.request_id] = end_ms + lease
                 self._streams.pop(out.seq.request_id, None)
                 self._bases.pop(out.seq.request_id, None)
                 for o in self.observers:

@@ -82,6 +82,8 @@ class Scheduler:
         self.next_token = next_token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.held: dict[RequestId, Sequence] = {}
+        """Finished sequences whose blocks are kept for a transfer (``hold_blocks``), until ``release``."""
         self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------------
@@ -89,7 +91,16 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    def release(self, rid: RequestId) -> bool:
+        """Free the blocks a finished ``hold_blocks`` sequence kept; False when there is none."""
+        seq = self.held.pop(rid, None)
+        if seq is None:
+            return False
+        self.kv.free(seq)
+        return True
+
     def abort(self, rid: RequestId) -> Sequence | None:
+        self.release(rid)
         for seq in self.running:
             if seq.request_id == rid:
                 self.running.remove(seq)
@@ -99,6 +110,9 @@ class Scheduler:
                 self.waiting.remove(seq)
                 return self._finish(seq, FinishReason.ABORT)
         return None
+
+    def sequences_with_blocks(self) -> int:
+        return len(self.running) + len(self.held)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -139,15 +153,22 @@ class Scheduler:
             while (self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs
                    and self.waiting[0].arrival_ms <= now_ms):
                 seq = self.waiting[0]
-                prefix = kv.find_prefix(seq)
-                computed = prefix.num_tokens(kv.block_size)
-                n = seq.num_tokens - computed
-                if n > budget:
-                    if not self.limits.enable_chunked_prefill:
+                if seq.preloaded:
+                    # Its prompt's KV arrived from a prefill engine into blocks it already holds.
+                    computed = seq.num_computed_tokens
+                    n = min(seq.num_tokens - computed, budget)
+                    if not kv.allocate(seq, n):
                         break
-                    n = budget
-                if not kv.allocate(seq, n, prefix):
-                    break
+                else:
+                    prefix = kv.find_prefix(seq)
+                    computed = prefix.num_tokens(kv.block_size)
+                    n = seq.num_tokens - computed
+                    if n > budget:
+                        if not self.limits.enable_chunked_prefill:
+                            break
+                        n = budget
+                    if not kv.allocate(seq, n, prefix):
+                        break
                 self.waiting.popleft()
                 seq.status = SeqStatus.RUNNING
                 seq.num_computed_tokens = computed
@@ -164,6 +185,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.preloaded = False  # its transferred KV is gone with its blocks: recompute locally
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.stats.preemptions += 1
@@ -207,6 +229,11 @@ class Scheduler:
         return seq.finish_reason
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Sequence:
+        if seq.hold_blocks and reason is not FinishReason.ABORT:
+            seq.finish_reason = reason
+            seq.status = SeqStatus.FINISHED
+            self.held[seq.request_id] = seq
+            return seq
         self.kv.free(seq)
         seq.finish_reason = reason
         seq.status = SeqStatus.ABORTED if reason is FinishReason.ABORT else SeqStatus.FINISHED

@@ -51,6 +51,10 @@ class Sequence:
     prev_token_ms: float | None = None
     finish_reason: FinishReason | None = None
     num_cached_prompt_tokens: int = 0
+    hold_blocks: bool = False
+    """Keep the KV blocks after finishing (a prefill whose KV a decode engine will take) until released."""
+    preloaded: bool = False
+    """The prompt's KV is already in this sequence's blocks (it arrived from a prefill engine)."""
 
     @property
     def num_tokens(self) -> int:

@@ -108,3 +108,59 @@ def test_impossible_requests_are_refused_at_submission() -> None:
         eng.submit([1] * 100, 5)
     with pytest.raises(EngineError, match="max_tokens"):
         eng.submit([1, 2], 0)
+
+
+async def test_a_prefill_holds_its_blocks_until_released_or_its_lease_ends() -> None:
+    eng = engine(blocks=64)
+    eng.start()
+    try:
+        s = eng.submit(list(range(100, 180)), 1, ignore_eos=True, hold_blocks_ms=1e9)
+        toks, _ = await collect(s)
+        assert len(toks) == 1
+        assert eng.kv.pool.num_free == 64 - 5  # the 80 prompt tokens' KV, held in 5 blocks
+        assert eng.release(s.request_id) and eng.kv.pool.num_free == 64
+        assert not eng.release(s.request_id)
+        s2 = eng.submit(list(range(300, 380)), 1, ignore_eos=True, hold_blocks_ms=20.0)
+        await collect(s2)
+        assert eng.kv.pool.num_free < 64
+        for _ in range(100):
+            if eng.kv.pool.num_free == 64:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.kv.pool.num_free == 64 and eng.lease_expiries == 1
+    finally:
+        await eng.stop()
+
+
+async def test_a_decode_reserves_then_admits_the_prefills_kv_and_continues_its_tokens() -> None:
+    eng = engine(blocks=64)
+    colocated = engine(blocks=64)
+    eng.start()
+    colocated.start()
+    try:
+        prompt = list(range(100, 180))
+        reference, _ = await collect(colocated.submit(prompt, 6, ignore_eos=True, seed=3))
+        res = eng.reserve(prompt, 6, request_id="r1", lease_ms=1e6)
+        assert (res.cached_blocks, res.total_blocks) == (0, 5)
+        assert eng.kv.pool.num_free == 59
+        with pytest.raises(EngineError, match="no room") as ei:
+            eng.reserve(list(range(1000, 2000)), 6, request_id="r2", lease_ms=1e6)
+        assert ei.value.status == 409
+        s = eng.admit_preloaded(res.request_id, reference[0], ignore_eos=True, seed=3)
+        toks, _ = await collect(s)
+        assert [reference[0], *toks] == reference  # the decode continues the same token sequence
+        assert eng.scheduler.stats.prompt_tokens == 0  # no prefill work on the decode engine
+        assert eng.kv.pool.num_free == 64
+        # A prompt the decode engine already caches needs no transfer for those blocks.
+        again = eng.reserve(prompt + [7] * 20, 4, request_id="r3", lease_ms=10.0)
+        assert again.cached_blocks == 5
+        for _ in range(100):
+            if not eng.reserved:
+                break
+            await asyncio.sleep(0.01)
+        assert not eng.reserved and eng.kv.pool.num_free == 64  # the lease lapsed
+        with pytest.raises(EngineError, match="no reservation"):
+            eng.admit_preloaded(again.request_id, 5)
+    finally:
+        await eng.stop()
+        await colocated.stop()
