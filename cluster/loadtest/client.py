@@ -2,16 +2,17 @@
 
 Each request is a POST to ``/v1/completions`` with a token-id prompt (the ``prompt`` field as a list of
 ints), ``max_tokens = output_len``, ``ignore_eos = true``, ``stream = true`` and
-``stream_options.include_usage = true``. The client reads the SSE stream line by line and stamps each
-``data:`` event with ``time.monotonic()``: an event whose ``choices`` list is non-empty is a content chunk
-(the first one gives TTFT, each later one an inter-token gap, the last one E2E); an event with ``usage``
-gives the token counts (``completion_tokens``, ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``).
-Wall durations become emulated ms by dividing by ``time_scale``.
+``stream_options.include_usage = true``. The client reads the SSE stream as it arrives (lines of any
+length) and stamps each ``data:`` event with the ``time.monotonic()`` of the read that completed it: an
+event whose ``choices`` list is non-empty is a content chunk (the first one gives TTFT, each later one an
+inter-token gap, the last one E2E); an event with ``usage`` gives the token counts
+(``completion_tokens``, ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``). Wall durations
+become emulated ms by dividing by ``time_scale``.
 
-Per-request tags travel as headers (``X-Request-Id``, ``X-Region`` (origin region, as the router reads it),
-``X-Residency-Region``, ``X-Session-Id``) and ``priority`` as a body field (vLLM's name for it),
-only when set, so any OpenAI-compatible server accepts the request. The worker that served a request is
-read from the ``X-KVMesh-Worker`` response header when the router sets it.
+Per-request tags travel as headers (``X-Request-Id``, ``X-Region`` for the origin region, as the router
+reads it, ``X-Residency``, ``X-Session-Id``) and ``priority`` as a body field (vLLM's name for
+it), only when set, so any OpenAI-compatible server accepts the request. The worker that served a
+request is read from the router's ``X-Served-By`` response header when there is one.
 
 Failure behaviour: no exception escapes ``send``; a non-200 answer, a timeout, a dropped connection, an
 unparsable event or a stream without any content chunk becomes a record with that status and the error
@@ -37,9 +38,9 @@ COMPLETIONS_PATH = "/v1/completions"
 MODELS_PATH = "/v1/models"
 HEADER_REQUEST_ID = "X-Request-Id"
 HEADER_ORIGIN = "X-Region"
-HEADER_RESIDENCY = "X-Residency-Region"
+HEADER_RESIDENCY = "X-Residency"
 HEADER_SESSION = "X-Session-Id"
-HEADER_WORKER = "X-KVMesh-Worker"
+HEADER_WORKER = "X-Served-By"
 MAX_ERROR_CHARS = 300
 
 
@@ -84,6 +85,31 @@ def build_headers(spec: RequestSpec, id_prefix: str = "") -> dict[str, str]:
     if spec.session_id:
         h[HEADER_SESSION] = spec.session_id
     return h
+
+
+class SSELines:
+    """Splits a byte stream into lines of any length (``\n`` or ``\r\n`` ended).
+
+    aiohttp's ``readline`` refuses lines over 512 KiB, and a server may legitimately send one (vLLM's
+    ``return_token_ids`` puts the whole prompt's ids in the first chunk: 700 KB for a 120k-token prompt).
+    Only data that brings a newline triggers a split, so a long line arriving in many pieces costs one.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The lines completed by ``data`` (without their line ends)."""
+        self._buf += data
+        if b"\n" not in data:
+            return []
+        *lines, rest = self._buf.split(b"\n")
+        self._buf = bytearray(rest)
+        return [bytes(line[:-1]) if line.endswith(b"\r") else bytes(line) for line in lines]
+
+    def rest(self) -> bytes:
+        """What is left after the last newline (a stream may end without one)."""
+        return bytes(self._buf)
 
 
 @dataclass(frozen=True)
@@ -169,27 +195,33 @@ class CompletionClient:
                     status = "http_error"
                     error = (await resp.text(errors="replace"))[:MAX_ERROR_CHARS]
                 else:
-                    async for line in resp.content:
+                    lines = SSELines()
+                    done = False
+                    async for piece in resp.content.iter_any():
                         now = time.monotonic()
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
+                        for line in lines.feed(piece):
+                            if not line.startswith(b"data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == b"[DONE]":
+                                done = True
+                                break
+                            event = json.loads(data)
+                            if not isinstance(event, dict):
+                                raise ValueError(f"event is not a JSON object: {data[:80]!r}")
+                            if event.get("choices"):
+                                if first is None:
+                                    first = now
+                                else:
+                                    gaps.append(now - last)
+                                last = now
+                                chunks += 1
+                            if isinstance(event.get("usage"), dict):
+                                usage = event["usage"]
+                            if isinstance(event.get("error"), dict | str):
+                                raise ValueError(f"error event: {str(event['error'])[:MAX_ERROR_CHARS]}")
+                        if done:
                             break
-                        event = json.loads(data)
-                        if not isinstance(event, dict):
-                            raise ValueError(f"event is not a JSON object: {data[:80]!r}")
-                        if event.get("choices"):
-                            if first is None:
-                                first = now
-                            else:
-                                gaps.append(now - last)
-                            last = now
-                            chunks += 1
-                        if isinstance(event.get("usage"), dict):
-                            usage = event["usage"]
-                        if isinstance(event.get("error"), dict | str):
-                            raise ValueError(f"error event: {str(event['error'])[:MAX_ERROR_CHARS]}")
                     if first is None:
                         status = "no_content"
                         error = "the stream carried no content chunk"
