@@ -148,8 +148,9 @@ def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | N
 
 
 def step_lag(before: MetricsText | None, after: MetricsText | None) -> dict[str, float | None] | None:
-    """p50 / p99 / max of the step-lag histogram's growth during the run, and the number of steps; None
-    when the target does not export it."""
+    """p50 / p99 / max of the step-lag histogram's growth during the run, the number of steps, and how
+    many of them lagged beyond the largest finite bucket (their lag is unknown, and a quantile that lands
+    there reads as that bucket's bound: a lower bound); None when the target does not export it."""
     if after is None or STEP_LAG not in after.buckets:
         return None
     prev = before.buckets.get(STEP_LAG, {}) if before is not None else {}
@@ -165,9 +166,11 @@ def step_lag(before: MetricsText | None, after: MetricsText | None) -> dict[str,
     if top is not None and math.isinf(top):
         finite = [b for b in bounds if not math.isinf(b)]
         top = finite[-1] if finite else None
+    finite = [b for b in bounds if not math.isinf(b)]
+    over = count - delta[finite[-1]] if finite else 0.0
     gauge = after.total(STEP_LAG_MAX)
     return {"p50": histogram_quantile(0.5, delta), "p99": histogram_quantile(0.99, delta),
-            "max": gauge if gauge is not None else top, "steps": count}
+            "max": gauge if gauge is not None else top, "steps": count, "steps_over_top_bucket": over}
 
 
 @dataclass

@@ -66,6 +66,7 @@ def test_step_lag_quantiles_from_the_bucket_deltas() -> None:
     assert lag["p50"] == pytest.approx(1.0)
     assert lag["p99"] == pytest.approx(5.0)
     assert lag["max"] == 5.0  # the +Inf bucket gained one: the largest finite bound
+    assert lag["steps_over_top_bucket"] == 1
     assert step_lag(None, parse_metrics("x 1\n")) is None
 
 
