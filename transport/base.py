@@ -187,7 +187,8 @@ def as_bytes_view(payload: Any) -> memoryview:
 class Block:
     """One KV block: its id (or prefix hash), the half-open layer range it covers, and its bytes.
 
-    ``payload`` is a view of the caller's buffer (never copied here). ``checksum`` is the payload's
+    ``payload`` is a view of the caller's buffer (never copied here), read-only: neither the transport
+    nor a receiver writes into it. ``checksum`` is the payload's
     checksum under ``checksum_algo`` when the producer supplied it; a transport verifies a supplied
     checksum end to end and computes one when it moves bytes without one.
     """
@@ -207,8 +208,8 @@ class Block:
 
     @staticmethod
     def of(block_id: int, payload: Any, layers: tuple[int, int] = (0, 1)) -> Block:
-        """A block over ``payload`` (any C-contiguous buffer), without a checksum."""
-        return Block(BlockId(block_id), as_bytes_view(payload), (int(layers[0]), int(layers[1])))
+        """A block over ``payload`` (any C-contiguous buffer; viewed read-only, not copied), without a checksum."""
+        return Block(BlockId(block_id), as_bytes_view(payload).toreadonly(), (int(layers[0]), int(layers[1])))
 
     @property
     def nbytes(self) -> int:
