@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import socket
 import struct
 import subprocess
@@ -426,8 +427,7 @@ async def bench_link(counts: Sequence[int], emulated_bytes: int, trials: int) ->
                 for n in counts:
                     runs = [await link_trial(sink, link, scale, n, payload, block) for _ in range(trials)]
                     clean = [r for r in runs if not r["bottleneck"]]
-                    errors = sorted(r["error_pct"] for r in (clean or runs))
-                    err = errors[len(errors) // 2]
+                    err = statistics.median(r["error_pct"] for r in (clean or runs))
                     cell = {
                         "link": link_name, "gbps": link.bandwidth_gbps, "payload_scale": round(scale, 6),
                         "concurrent": n, "emulated_mib_each": round(runs[0]["emulated_mib_each"], 2),
@@ -508,12 +508,14 @@ async def bench_faults(n: int, concurrency: int = 64, deadline_ms: float = 100.0
 
 
 async def run(quick: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"bench": "transport", "quick": quick}
+    result: dict[str, Any] = {"bench": "transport", "quick": quick,
+                              "host": {"cpus": os.cpu_count(), "load_avg_1m_start": round(os.getloadavg()[0], 2)}}
     result["inproc"] = await bench_inproc(64 * MiB if quick else 512 * MiB)
     result["tcp"] = await bench_tcp(64 * MiB, 3 if quick else 8, 300 if quick else 3000)
     result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 8)
     result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB, 1 if quick else 3)
     result["faults"] = await bench_faults(2000 if quick else 10_000)
+    result["host"]["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews every figure
     clean = [c for c in result["link_model"] if not c["real_transport_bottleneck"]]
     result["summary"] = {
         "inproc_1MiB_ratio_vs_memcpy": result["inproc"]["1024KiB"]["ratio_inproc_vs_memcpy"],
