@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import statistics
 import socket
+import statistics
 import struct
 import subprocess
 import sys
