@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from actors.cost_model import StepTime
 from actors.engine.scheduler import ScheduledStep, TokenOutput
 from actors.engine.sequence import FinishReason, Sequence
+from transport import TransferRecord
 
 if TYPE_CHECKING:
     from actors.engine.engine import Engine
@@ -74,6 +75,15 @@ class EngineMetrics:
                                    labels, buckets=STEP_BUCKETS, registry=r).labels(*lv)
         self.step_tokens = Counter("kvmesh:step_tokens", "Tokens computed by engine steps.", labels,
                                    registry=r).labels(*lv)
+        self.kv_transfers = Counter("kvmesh:kv_transfers", "KV transfers by operation and outcome.",
+                                    [*labels, "op", "outcome"], registry=r)
+        self.kv_transfer_ms = Histogram("kvmesh:kv_transfer_ms", "Emulated duration of KV transfers (ms).",
+                                        [*labels, "op"], buckets=STEP_BUCKETS, registry=r)
+        self.kv_transfer_bytes = Counter("kvmesh:kv_transfer_bytes", "Emulated KV bytes moved.", labels,
+                                         registry=r).labels(*lv)
+        self.kv_real_bottleneck = Counter("kvmesh:kv_transfer_real_bottleneck",
+                                          "Transfers where the real transport, not the emulated link, was slower.",
+                                          labels, registry=r).labels(*lv)
         self._last_queries = 0
         self._last_hits = 0
         self._last_preempt = 0
@@ -121,6 +131,16 @@ class EngineMetrics:
         if seq.last_token_ms is not None and reason != "abort":
             self.e2e.observe((seq.last_token_ms - seq.arrival_ms) / 1000.0)
         self.refresh(engine)
+
+    def on_transfer(self, rec: TransferRecord, outcome: str) -> None:
+        self.kv_transfers.labels(*self._lv, rec.op, outcome).inc()
+        self.kv_transfer_ms.labels(*self._lv, rec.op).observe(rec.emulated_ms)
+        self.kv_transfer_bytes.inc(rec.emulated_bytes)
+        if rec.real_bottleneck:
+            self.kv_real_bottleneck.inc()
+
+    def on_transfer_failed(self, op: str) -> None:
+        self.kv_transfers.labels(*self._lv, op, "failed").inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,9 +15,10 @@ from typing import Any
 from aiohttp import web
 
 from actors.engine.engine import Engine, EngineError, RequestStream
-from actors.engine.sequence import FinishReason
+from actors.engine.sequence import FinishReason, RequestId
 from actors.engine.tokenizer import Tokenizer
 from actors.feed import FeedPublisher
+from actors.kv_connector import KVConnector, address_from_json, address_to_json
 from actors.metrics import EngineMetrics
 from actors.openai_api import (
     MAX_BODY_BYTES,
@@ -28,8 +29,10 @@ from actors.openai_api import (
     ResponseShapes,
     error_body,
     parse_body,
+    parse_json_object,
     sse,
 )
+from config.cluster import DisaggSpec
 
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
@@ -42,8 +45,11 @@ class EngineServer:
     """Serves one engine on ``host`` (127.0.0.1 unless told otherwise), port chosen at start."""
 
     def __init__(self, engine: Engine, metrics: EngineMetrics, *, host: str = "127.0.0.1", port: int = 0,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, connector: KVConnector | None = None,
+                 disagg: DisaggSpec | None = None) -> None:
         self.engine = engine
+        self.connector = connector
+        self.disagg = disagg or DisaggSpec()
         self.metrics = metrics
         self.tokenizer = Tokenizer(engine.cfg.vocab_size)
         self.host = host
@@ -69,6 +75,9 @@ class EngineServer:
         for path in ("/get_server_info", "/server_info"):
             app.router.add_get(path, self.server_info)
         app.router.add_get("/kvmesh/feed", self.feed.handler)
+        app.router.add_post("/kvmesh/reserve", self.reserve)
+        app.router.add_delete("/kvmesh/reserve/{rid}", self.cancel_reservation)
+        app.router.add_post("/kvmesh/release/{rid}", self.release)
         return app
 
     async def start(self) -> str:
@@ -99,6 +108,81 @@ class EngineServer:
         return web.json_response({"object": "list", "data": [{
             "id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "kvmesh",
             "root": cfg.model_name, "parent": None, "max_model_len": cfg.limits.max_context}]})
+
+    # -- disaggregation ----------------------------------------------------------------------------
+    async def reserve(self, request: web.Request) -> web.Response:
+        """Decode side: set aside KV blocks for a prompt a prefill engine will send (409: no room now)."""
+        if self.connector is None or self.connector.address is None:
+            return json_error(400, "this engine has no KV transport (it is not a prefill or decode engine)")
+        if self.draining:
+            return json_error(503, "engine is draining")
+        try:
+            body = parse_json_object(await request.read())
+            rid = body["request_id"]
+            prompt = body["prompt"]
+            if not isinstance(rid, str) or not isinstance(prompt, list) or not self.tokenizer.valid_ids(prompt):
+                raise ApiError(400, "reserve needs 'request_id' (a string) and 'prompt' (token ids)")
+            max_tokens = body.get("max_tokens")
+            res = self.engine.reserve([int(x) for x in prompt], max_tokens if isinstance(max_tokens, int) else None,
+                                      request_id=rid, lease_ms=float(body.get("lease_ms", self.disagg.lease_ms)))
+        except KeyError as e:
+            return json_error(400, f"reserve needs the field {e.args[0]!r}")
+        except ApiError as e:
+            return json_error(e.status, e.message, e.param)
+        except EngineError as e:
+            return json_error(e.status, e.message, e.param)
+        return web.json_response({"request_id": res.request_id, "address": address_to_json(self.connector.address),
+                                  "cached_blocks": res.cached_blocks, "total_blocks": res.total_blocks,
+                                  "prompt_blocks": -(-res.prompt_tokens // self.engine.cfg.block_size)})
+
+    async def cancel_reservation(self, request: web.Request) -> web.Response:
+        ok = self.engine.cancel_reservation(RequestId(request.match_info["rid"]))
+        return web.json_response({"cancelled": ok})
+
+    async def release(self, request: web.Request) -> web.Response:
+        """Prefill side (pull mode): the decode engine has the KV, or gave up: free the held blocks."""
+        rid = RequestId(request.match_info["rid"])
+        ok = self.connector.release(rid) if self.connector is not None else self.engine.release(rid)
+        return web.json_response({"released": ok})
+
+    def _transfer_params(self, req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any] | None:
+        params = (req.model_extra or {}).get("kv_transfer_params")
+        if params is None:
+            return None
+        if not isinstance(params, dict):
+            raise ApiError(400, "kv_transfer_params must be an object", "kv_transfer_params")
+        if self.connector is None:
+            raise ApiError(400, "this engine has no KV transport (it is not a prefill or decode engine)",
+                           "kv_transfer_params")
+        if params.get("mode", "push") not in ("push", "pull"):
+            raise ApiError(400, "kv_transfer_params.mode must be 'push' or 'pull'", "kv_transfer_params")
+        return params
+
+    async def _remote_prefill(self, params: dict[str, Any], req: CompletionRequest | ChatCompletionRequest,
+                              arrival_ms: float) -> RequestStream:
+        """Decode side: wait for the prompt's KV from the prefill engine, then decode from its first token."""
+        assert self.connector is not None
+        try:
+            rid = RequestId(str(params["request_id"]))
+            first = int(params["first_token"])
+            mode = str(params.get("mode", "push"))
+            prefill = address_from_json(params["prefill_address"]) if mode == "pull" else None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ApiError(400, f"kv_transfer_params for a remote prefill are incomplete: {e}",
+                           "kv_transfer_params") from None
+        entry = self.engine.reserved.get(rid)
+        if entry is None:
+            raise EngineError(404, f"no reservation for request {rid!r} (expired or never made)")
+        res = entry[1]
+        outcome = await self.connector.fetch(rid, mode=mode, first_block=res.cached_blocks,
+                                             num_blocks=-(-res.prompt_tokens // self.engine.cfg.block_size),
+                                             prefill=prefill, timeout_ms=float(params.get("timeout_ms",
+                                                                                          self.disagg.transfer_timeout_ms)))
+        if not outcome.ok:
+            self.engine.cancel_reservation(rid)
+            self.metrics.on_transfer_failed(mode)
+            raise EngineError(504, f"kv_transfer_failed: {outcome.error}")
+        return self.engine.admit_preloaded(rid, first, ignore_eos=req.ignore_eos, seed=req.seed or 0)
 
     async def model_info(self, request: web.Request) -> web.Response:
         name = self.engine.cfg.model_name
@@ -166,8 +250,15 @@ class EngineServer:
                 return json_error(404, f"The model `{req.model}` does not exist.", "model")
             prompt_ids = self._prompt_ids(req)
             limit = req.limit() if isinstance(req, ChatCompletionRequest) else req.max_tokens
-            stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
-                                        request_id=request.headers.get("X-Request-Id"), arrival_ms=arrival_ms)
+            params = self._transfer_params(req)
+            rid = request.headers.get("X-Request-Id")
+            if params is not None and params.get("do_remote_prefill"):
+                stream = await self._remote_prefill(params, req, arrival_ms)
+            elif params is not None and params.get("do_remote_decode"):
+                stream = self._prefill_for_remote_decode(params, prompt_ids, req, rid, arrival_ms)
+            else:
+                stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
+                                            request_id=rid, arrival_ms=arrival_ms)
         except ApiError as e:
             return json_error(e.status, e.message, e.param)
         except EngineError as e:
@@ -184,6 +275,28 @@ class EngineServer:
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
+
+    def _prefill_for_remote_decode(self, params: dict[str, Any], prompt_ids: list[int],
+                                   req: CompletionRequest | ChatCompletionRequest, rid: str | None,
+                                   arrival_ms: float) -> RequestStream:
+        """Prefill side: compute the prompt and its first token, hold the KV and hand it to the decode engine."""
+        assert self.connector is not None
+        mode = str(params.get("mode", "push"))
+        try:
+            skip = int(params.get("skip_blocks", 0))
+            decode = address_from_json(params["decode_address"]) if mode == "push" else None
+            rid = str(params.get("request_id") or rid)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ApiError(400, f"kv_transfer_params for a remote decode are incomplete: {e}",
+                           "kv_transfer_params") from None
+        stream = self.engine.submit(prompt_ids, 1, ignore_eos=True, seed=req.seed or 0, request_id=rid,
+                                    arrival_ms=arrival_ms, hold_blocks_ms=float(params.get("lease_ms",
+                                                                                         self.disagg.lease_ms)))
+        if decode is not None:
+            self.connector.start_push(stream.request_id, decode, skip)
+        else:
+            self.connector.publish_when_done(stream.request_id, skip)
+        return stream
 
     async def _full(self, stream: RequestStream, shapes: ResponseShapes, n_prompt: int,
                     return_ids: bool) -> web.Response:

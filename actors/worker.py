@@ -15,9 +15,11 @@ from typing import Any
 from actors.clock import Clock
 from actors.engine.engine import Engine
 from actors.engine.factory import build_engine
+from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
+from transport import Site, Topology, TransportOptions, make_transport
 
 GIL_SWITCH_INTERVAL_S = 0.0002
 
@@ -35,19 +37,30 @@ class GpuWorker:
         self.clock = Clock(self.spec.time_scale)
         self.engines: dict[str, Engine] = {}
         self.servers: dict[str, EngineServer] = {}
+        self.connectors: dict[str, KVConnector] = {}
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""
         by_name = {e.name: e for e in self.spec.engines()}
         out: dict[str, dict[str, Any]] = {}
+        topology = Topology.from_cluster(self.spec) if self.spec.disaggregated else None
         for name in self.names:
             inst = by_name[name]
             cfg, cost = build_engine(inst)
             metrics = EngineMetrics(cfg.model_name, name)
             engine = Engine(cfg, cost, self.clock, observers=[metrics])
-            meta = {"role": inst.role, "region": inst.region, "node": inst.node, "model": cfg.model_name,
-                    "hardware": inst.hardware.name, "tp": inst.tp}
-            server = EngineServer(engine, metrics, host=self.host, meta=meta)
+            meta: dict[str, Any] = {"role": inst.role, "region": inst.region, "node": inst.node,
+                                    "model": cfg.model_name, "hardware": inst.hardware.name, "tp": inst.tp}
+            connector = None
+            if topology is not None and inst.role in ("prefill", "decode"):
+                transport = make_transport(self.spec.transport, site=Site(inst.node, inst.region), clock=self.clock,
+                                           topology=topology, options=TransportOptions(host=self.host))
+                connector = KVConnector(engine, transport, self.spec.transport.kv_payload_scale,
+                                        self.spec.disagg.transfer_timeout_ms, on_record=metrics.on_transfer)
+                meta["kv_address"] = address_to_json(await connector.start())
+                self.connectors[name] = connector
+            server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
+                                  disagg=self.spec.disagg)
             engine.start()
             url = await server.start()
             self.engines[name] = engine
@@ -78,6 +91,11 @@ class GpuWorker:
             await s.stop()
         for e in self.engines.values():
             await e.stop()
+        for c in self.connectors.values():
+            await c.close()
+
+    async def transfers(self) -> dict[str, dict[str, float]]:
+        return {n: c.summary() for n, c in self.connectors.items()}
 
     def pid(self) -> int:
         return os.getpid()

@@ -104,9 +104,29 @@ class TransportSpec(Frozen):
     backend: Literal["inproc", "tcp", "ucx"] = "tcp"
     kv_payload_scale: Fraction = 1.0
     """Real bytes moved per emulated KV byte (1.0 = full size)."""
-    hand_off: Literal["push", "pull"] = "push"
     intra_region_link: Name = "rdma-ib-ndr400"
     """Default NIC link preset between nodes of one region."""
+
+
+class DisaggSpec(Frozen):
+    """Prefill/decode disaggregation: hand-off, conditional disaggregation, transfer failure handling."""
+
+    hand_off: Literal["push", "pull"] = "push"
+    """push: prefill streams each finished chunk's blocks to decode; pull: decode reads after a notice."""
+    min_uncached_tokens: NonNegativeFloat = 512
+    """Serve on the decode engine alone when the prompt's uncached part is shorter than this."""
+    decode_prefix_fraction: Fraction = 0.8
+    """... or when the decode engine already holds at least this fraction of the prompt."""
+    max_prefill_waiting: PositiveInt = 16
+    """... or when every prefill engine has this many requests queued."""
+    transfer_timeout_ms: PositiveFloat = 500.0
+    """A KV transfer not complete this long (emulated) after it could start counts as failed."""
+    on_transfer_failure: Literal["prefill", "decode"] = "decode"
+    """Finish the request on the prefill engine (which still holds its KV) or re-prefill on decode."""
+    lease_ms: PositiveFloat = 30_000.0
+    """How long a prefill holds blocks nobody came for, and a decode reservation nobody claimed."""
+    reserve_wait_ms: PositiveFloat = 60_000.0
+    """How long a request may wait for decode KV room before the router gives up (503)."""
 
 
 class ClusterSpec(Frozen):
@@ -123,6 +143,13 @@ class ClusterSpec(Frozen):
     nodes: list[NodeSpec] = Field(min_length=1)
     router: RouterSpec = RouterSpec()
     transport: TransportSpec = TransportSpec()
+    disagg: DisaggSpec = DisaggSpec()
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the cluster has prefill and decode engines."""
+        roles = {g.role for n in self.nodes for g in n.engines}
+        return {"prefill", "decode"} <= roles
 
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> ClusterSpec:
@@ -248,6 +275,9 @@ def cross_check(spec: ClusterSpec, cat: Catalog) -> list[tuple[str, str]]:
         if used > gpus:
             problems.append((f"{at}.engines", f"engines need {used} GPUs but node {node.name!r} has {gpus}"))
 
+    roles = {g.role for n in spec.nodes for g in n.engines}
+    if "prefill" in roles and "decode" not in roles:
+        problems.append(("nodes", "prefill engines need at least one decode engine to hand their KV to"))
     for name in region_names:
         if name not in used_regions:
             problems.append(("regions", f"region {name!r} has no node"))

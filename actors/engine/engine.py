@@ -129,6 +129,9 @@ class Engine:
         self.scheduler = Scheduler(cfg.limits, self.kv, self._next_token)
         self.observers = list(observers or [])
         self.kv_subscribers: list[Callable[[int, list[KVEvent]], None]] = []
+        self.chunk_listeners: list[Callable[[Sequence, bool], None]] = []
+        """Told, after each step, of every ``hold_blocks`` sequence that computed tokens in it (and
+        whether it finished): how the KV connector streams a prefill's blocks as chunks complete."""
         self.lag = LagRecorder()
         self.steps = 0
         self.busy_ms = 0.0
@@ -380,6 +383,11 @@ class Engine:
             self.busy_ms += cost.total_ms
             self.lag.add(lag)
             outputs = sched.complete(step, end)
+            if self.chunk_listeners:
+                for seq, _ in step.items:
+                    if seq.hold_blocks:
+                        for listener in self.chunk_listeners:
+                            listener(seq, seq.done)
             self._deliver(outputs, end)
             for o in self.observers:
                 o.on_step(self, step, cost, lag)

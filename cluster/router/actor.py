@@ -17,7 +17,8 @@ def settings_from_spec(spec: ClusterSpec, residency_zone: str | None = None) -> 
                           region=residency_zone or r.region, residency_zone=residency_zone,
                           max_attempts=r.max_attempts, request_timeout_s=r.request_timeout_s,
                           time_scale=spec.time_scale, rtt_ms=rtt, max_waiting=r.max_waiting,
-                          index_mode=r.index_mode, migrate=r.migrate, seed=spec.seed)
+                          index_mode=r.index_mode, migrate=r.migrate, seed=spec.seed,
+                          disagg=spec.disagg if spec.disaggregated else None)
 
 
 class RouterActor:

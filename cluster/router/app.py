@@ -44,11 +44,13 @@ from actors.openai_api import (
     sse,
     validate_request,
 )
+from cluster.router.disagg import DisaggFlow
 from cluster.router.feed import FeedClient
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
 from cluster.router.regions import Topology, global_rank, regional_split
 from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
+from config.cluster import DisaggSpec
 
 RETRYABLE_STATUS = {500, 502, 503, 504}
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
@@ -81,6 +83,8 @@ class RouterSettings:
     health_timeout_s: float = 2.0
     migrate: bool = True
     seed: int = 0
+    disagg: DisaggSpec | None = None
+    """How to serve through prefill and decode engines, when the cluster has them."""
 
 
 class RouterMetrics:
@@ -176,7 +180,6 @@ class _Stream:
     created: int | None = None
     model: str | None = None
     finished: bool = False
-    done_sent: bool = False
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
 
@@ -208,6 +211,9 @@ class RouterServer:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
+        roles = {w.role for w in self.view.workers.values()}
+        self.disagg = DisaggFlow(self, s.disagg) if s.disagg is not None and {"prefill", "decode"} <= roles else None
+        self.whole_request_roles: tuple[str, ...] = ("colocated", "decode")
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -372,11 +378,15 @@ class RouterServer:
         else:
             ctx.overlap = self.approx.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
 
-    def eligible(self, model: str | None, residency: str | None,
-                 exclude: set[WorkerId] | None = None) -> list[WorkerInfo]:
+    def eligible(self, model: str | None, residency: str | None, exclude: set[WorkerId] | None = None,
+                 roles: tuple[str, ...] | None = None) -> list[WorkerInfo]:
+        """Workers that may serve: healthy, breaker closed, the model, the residency region, the roles
+        (by default those that serve a whole request: colocated engines, and decode engines in a P/D
+        cluster)."""
         skip = exclude or set()
+        allowed = roles or self.whole_request_roles
         out = [w for w in self.view.workers.values()
-               if w.role == "colocated" and w.name not in skip and self.view.eligible(w)
+               if w.role in allowed and w.name not in skip and self.view.eligible(w)
                and (model is None or not w.model or w.model == model)
                and (residency is None or w.region == residency)]
         return sorted(out, key=lambda w: w.name)
@@ -451,6 +461,10 @@ class RouterServer:
         self.metrics.decisions.labels(policy.name, policy.reason).inc()
 
         stream_state = _Stream(chat, req.include_usage, req.max_tokens)
+        if self.disagg is not None:
+            served = await self.disagg.serve(request, req, ctx, policy, stream_state)
+            if served is not None:
+                return served
         payload = raw
         if req.stream:
             # Append the router's needs to the client's own bytes (a later duplicate key wins in JSON
@@ -553,33 +567,31 @@ class RouterServer:
             self.metrics.responses.labels("499").inc()
         return resp
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse,
-                     st: _Stream, rewrite: bool = False) -> str | None:
-        """Relay SSE events until [DONE]; return why the stream broke, or None when it completed."""
+    async def _relay(self, upstream: aiohttp.ClientResponse, resp: Any, st: _Stream, rewrite: bool = False,
+                     final: bool = True) -> str | None:
+        """Relay SSE events until the upstream's [DONE]; return why the stream broke, or None when it
+        completed. ``final`` False: this upstream answers only part of the request (a prefill's first
+        token), so its finish is not the client's."""
         buf = b""
         try:
             async for chunk in upstream.content.iter_any():
                 buf += chunk
                 while b"\n\n" in buf:
                     event, buf = buf.split(b"\n\n", 1)
-                    out = self._on_event(event, st, rewrite)
+                    if event == b"data: [DONE]":
+                        return None if st.finished or not final else "the stream ended before its last token"
+                    out = self._on_event(event, st, rewrite, final)
                     if out:
                         await resp.write(out)
-                    if st.done_sent:
-                        return None
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as e:
             return f"{type(e).__name__}: {e}"
         return None if st.finished else "the stream ended before its last token"
 
-    def _on_event(self, event: bytes, st: _Stream, rewrite: bool) -> bytes:
+    def _on_event(self, event: bytes, st: _Stream, rewrite: bool, final: bool = True) -> bytes:
         """Track one SSE event (token ids, finish, usage) and return the bytes to send the client."""
         if not event.startswith(b"data: "):
             return b""
         data = event[6:]
-        if data == b"[DONE]":
-            if st.finished:
-                st.done_sent = True
-            return b""  # sent by _finish_stream, exactly once
         if b'"error"' in data[:12]:
             return b""  # an aborting engine's last words; migration decides what the client sees
         if b'"usage"' in data and b'"choices":[]' in data:
@@ -595,14 +607,17 @@ class RouterServer:
         m = TOKEN_IDS.search(data)
         if m and m.group(1):
             st.token_ids.extend(int(x) for x in m.group(1).split(b","))
-        if b'"finish_reason":"' in data:
+        if b'"finish_reason":"' in data and final:
             st.finished = True
         if not rewrite:
             if st.first_id is None:
                 obj = json.loads(data)
                 st.first_id, st.created, st.model = obj.get("id"), obj.get("created"), obj.get("model")
             return event + b"\n\n"
-        return sse(self._reshape(json.loads(data), st))
+        out = self._reshape(json.loads(data), st)
+        if not final:
+            out["choices"][0]["finish_reason"] = None
+        return sse(out)
 
     def _reshape(self, obj: dict[str, Any], st: _Stream) -> dict[str, Any]:
         """A continuation's completion chunk in the original stream's shape and identity."""
@@ -620,7 +635,7 @@ class RouterServer:
                 "created": st.created or obj.get("created"), "model": st.model or obj.get("model"),
                 "choices": [out_choice]}
 
-    async def _finish_stream(self, resp: web.StreamResponse, st: _Stream) -> None:
+    async def _finish_stream(self, resp: Any, st: _Stream) -> None:
         if st.client_usage:
             prompt = st.prompt_tokens if st.prompt_tokens is not None else len(st.prompt_ids)
             u: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + len(st.token_ids),

@@ -80,7 +80,8 @@ class WorkerInfo:
         return WorkerInfo(WorkerId(name), d["url"], d.get("role", "colocated"), d.get("region", "local"),
                           d.get("node", ""), d.get("model", ""), d.get("hardware", ""), int(d.get("tp", 1)),
                           int(d.get("vocab_size", 32000)), int(d.get("block_size", 16)),
-                          num_blocks=int(d.get("num_blocks", 0)), free_blocks=int(d.get("num_blocks", 0)))
+                          num_blocks=int(d.get("num_blocks", 0)), free_blocks=int(d.get("num_blocks", 0)),
+                          extra={"kv_address": d["kv_address"]} if "kv_address" in d else {})
 
     def update_load(self, load: dict[str, Any], now: float) -> None:
         self.running = int(load.get("running", 0))
