@@ -12,9 +12,12 @@ releases them.
 Decode side: ``fetch`` waits for the pushed blocks (or pulls them) within the transfer timeout. Blocks
 the decode engine already held (a prefix hit at reservation) are never sent.
 
-Payloads are real bytes: ``block_tokens x KV bytes per token x kv_payload_scale`` per block, views into
-one random buffer (a distinct window per block), checksummed by the transport. Every transfer is
-recorded (emulated and wall time, bytes, whether the real transport was the bottleneck).
+Payloads are real bytes: ``block_tokens x KV bytes per token x kv_payload_scale`` per KV block, views
+into one random buffer (a distinct window per group), checksummed by the transport. KV blocks travel in
+groups of ``group`` consecutive blocks (about 1 MiB of real bytes; group j holds KV blocks
+[j x group, (j + 1) x group)), because a transport frame per 16-token block would cost more than the
+bytes themselves; a push sends only whole groups until the prompt is done. Every transfer is recorded
+(emulated and wall time, bytes, whether the real transport was the bottleneck).
 """
 
 from __future__ import annotations
@@ -61,13 +64,16 @@ class TransferOutcome:
         return sum(r.emulated_ms for r in self.records)
 
 
+GROUP_BYTES = 1 << 20
+
+
 @dataclass
 class _PushJob:
     rid: RequestId
     address: Address
     skip: int
-    next_block: int
-    queue: asyncio.Queue[tuple[int, int] | None] = field(default_factory=asyncio.Queue)
+    next_group: int
+    queue: asyncio.Queue[tuple[int, int, int] | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     error: str | None = None
 
@@ -79,7 +85,8 @@ class KVConnector:
         self.transport = transport
         self.bs = engine.cfg.block_size
         self.block_bytes = max(1, math.ceil(self.bs * engine.cost.kv_bytes_per_token * payload_scale))
-        self._noise = np.random.default_rng(0).integers(0, 256, 2 * self.block_bytes, dtype=np.uint8)
+        self.group = max(1, GROUP_BYTES // self.block_bytes)
+        self._noise = np.random.default_rng(0).integers(0, 256, (self.group + 1) * self.block_bytes, dtype=np.uint8)
         self.timeout_ms = timeout_ms
         self.on_record = on_record
         self.address: Address | None = None
@@ -104,9 +111,17 @@ class KVConnector:
         await self.transport.close()
 
     # -- payloads ----------------------------------------------------------------------------------
-    def block(self, rid: RequestId, index: int) -> Block:
-        off = (hash((rid, index)) & 0x7FFFFFFF) % self.block_bytes
-        return Block.of(index, self._noise[off:off + self.block_bytes])
+    def groups(self, first_block: int, end_block: int) -> range:
+        """The groups holding KV blocks ``first_block .. end_block - 1``."""
+        if end_block <= first_block:
+            return range(0)
+        return range(first_block // self.group, -(-end_block // self.group))
+
+    def group_block(self, rid: RequestId, j: int, first_block: int, end_block: int) -> Block:
+        """Group ``j``'s payload: its KV blocks within ``[first_block, end_block)``."""
+        lo, hi = max(first_block, j * self.group), min(end_block, (j + 1) * self.group)
+        off = (hash((rid, j)) & 0x7FFFFFFF) % self.block_bytes
+        return Block.of(j, self._noise[off:off + (hi - lo) * self.block_bytes])
 
     def prompt_blocks(self, seq: Sequence) -> int:
         return -(-seq.num_prompt_tokens // self.bs)
@@ -114,24 +129,26 @@ class KVConnector:
     # -- prefill side ------------------------------------------------------------------------------
     def start_push(self, rid: RequestId, address: Address, skip_blocks: int) -> None:
         """Stream ``rid``'s prompt blocks (from ``skip_blocks`` on) to ``address`` as they are computed."""
-        job = _PushJob(rid, address, skip_blocks, skip_blocks)
+        job = _PushJob(rid, address, skip_blocks, skip_blocks // self.group)
         job.task = asyncio.get_running_loop().create_task(self._sender(job), name=f"kv-push-{rid}")
         self.pushes[rid] = job
 
     def _on_progress(self, seq: Sequence, finished: bool) -> None:
         job = self.pushes.get(seq.request_id)
+        n = self.prompt_blocks(seq)
         if job is not None:
             computed = min(seq.num_computed_tokens, seq.num_prompt_tokens)
-            upto = self.prompt_blocks(seq) if finished else computed // self.bs
-            if upto > job.next_block:
-                job.queue.put_nowait((job.next_block, upto))
-                job.next_block = upto
+            # Whole groups of computed blocks go now; the rest when the prompt is done.
+            upto = self.groups(job.skip, n).stop if finished else computed // self.bs // self.group
+            if upto > job.next_group:
+                job.queue.put_nowait((job.next_group, upto, n))
+                job.next_group = upto
             if finished:
                 job.queue.put_nowait(None)
         elif finished and seq.request_id in self.published:
-            n = self.prompt_blocks(seq)
             skip = self._pull_skip.pop(seq.request_id, 0)
-            self.transport.publish(TxId(seq.request_id), [self.block(seq.request_id, i) for i in range(skip, n)])
+            rid = seq.request_id
+            self.transport.publish(TxId(rid), [self.group_block(rid, j, skip, n) for j in self.groups(skip, n)])
 
     async def _sender(self, job: _PushJob) -> None:
         try:
@@ -139,8 +156,8 @@ class KVConnector:
                 item = await job.queue.get()
                 if item is None:
                     return
-                lo, hi = item
-                blocks = [self.block(job.rid, i) for i in range(lo, hi)]
+                lo, hi, n = item
+                blocks = [self.group_block(job.rid, j, job.skip, n) for j in range(lo, hi)]
                 try:
                     rec = await self.transport.push(job.address, TxId(job.rid), blocks,
                                                     deadline_ms=self.engine.clock.now_ms() + self.timeout_ms)
@@ -169,7 +186,8 @@ class KVConnector:
     async def fetch(self, rid: RequestId, *, mode: str, first_block: int, num_blocks: int,
                     prefill: Address | None, timeout_ms: float | None = None) -> TransferOutcome:
         """Wait for (push) or read (pull) blocks ``first_block .. num_blocks - 1`` of ``rid``."""
-        count = num_blocks - first_block
+        groups = self.groups(first_block, num_blocks)
+        count = len(groups)
         if count <= 0:
             return TransferOutcome(True, 0)
         deadline = self.engine.clock.now_ms() + (timeout_ms or self.timeout_ms)
@@ -179,7 +197,7 @@ class KVConnector:
             else:
                 if prefill is None:
                     raise ValueError("pull mode needs the prefill engine's address")
-                ids = [BlockId(i) for i in range(first_block, num_blocks)]
+                ids = [BlockId(j) for j in groups]
                 delivery = await self.transport.pull(prefill, TxId(rid), ids, deadline_ms=deadline)
         except (TransportError, ValueError) as e:
             self.failures += 1

@@ -19,7 +19,7 @@ from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
-from transport import Site, Topology, TransportOptions, make_transport
+from transport import FaultPlan, Site, Topology, TransportOptions, make_transport
 
 GIL_SWITCH_INTERVAL_S = 0.0002
 
@@ -53,8 +53,10 @@ class GpuWorker:
                                     "model": cfg.model_name, "hardware": inst.hardware.name, "tp": inst.tp}
             connector = None
             if topology is not None and inst.role in ("prefill", "decode"):
+                faults = FaultPlan.model_validate(self.spec.transport.faults) if self.spec.transport.faults else None
                 transport = make_transport(self.spec.transport, site=Site(inst.node, inst.region), clock=self.clock,
-                                           topology=topology, options=TransportOptions(host=self.host))
+                                           topology=topology, options=TransportOptions(host=self.host),
+                                           faults=faults)
                 connector = KVConnector(engine, transport, self.spec.transport.kv_payload_scale,
                                         self.spec.disagg.transfer_timeout_ms, on_record=metrics.on_transfer)
                 meta["kv_address"] = address_to_json(await connector.start())

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
@@ -104,6 +104,16 @@ class TransportSpec(Frozen):
     backend: Literal["inproc", "tcp", "ucx"] = "tcp"
     kv_payload_scale: Fraction = 1.0
     """Real bytes moved per emulated KV byte (1.0 = full size)."""
+    faults: dict[str, Any] | None = None
+    """A seeded fault plan for every KV transfer (``transport.faulty.FaultPlan``: seed, rates per kind)."""
+
+    @model_validator(mode="after")
+    def _faults_valid(self) -> TransportSpec:
+        if self.faults is not None:
+            from transport.faulty import FaultPlan  # the transport owns the fault kinds
+
+            FaultPlan.model_validate(self.faults)
+        return self
     intra_region_link: Name = "rdma-ib-ndr400"
     """Default NIC link preset between nodes of one region."""
 
