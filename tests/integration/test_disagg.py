@@ -17,7 +17,7 @@ from config import ClusterSpec
 
 
 def pd_spec(name: str, hand_off: str, decode_blocks: int | None = None, **extra: Any) -> ClusterSpec:
-    decode = {"name": "d", "role": "decode", "model": "lesson-70b-fp8"}
+    decode: dict[str, Any] = {"name": "d", "role": "decode", "model": "lesson-70b-fp8"}
     if decode_blocks:
         decode["scheduler"] = {"num_gpu_blocks": decode_blocks}
     return ClusterSpec.model_validate({
