@@ -184,12 +184,6 @@ class EmpiricalCostModel:
         return StepTime(prefill + decode, compute_ms=prefill, memory_ms=decode)
 
 
-# -- the time to move bytes ----------------------------------------------------------------------------
-def kv_transfer_ms(nbytes: float, link: LinkProfile, streams: int = 1) -> float:
-    """Time to move ``nbytes`` of KV over ``link`` split across ``streams`` parallel NICs (one per TP rank)."""
-    return link.transfer_ms(nbytes / max(1, streams))
-
-
 # -- the lessons card's closed forms -------------------------------------------------------------------
 def ms_colocated(profile: EmpiricalProfile, prompt: int, output: int) -> float:
     """``prompt / PREFILL_TOK_PER_MS + output / DECODE_TOK_PER_MS_COLOCATED``."""
@@ -239,10 +233,31 @@ def request_colocated(cost: CostModel, prompt: int, output: int, chunk: int) -> 
 
 
 def request_disaggregated(prefill_cost: CostModel, decode_cost: CostModel, link: LinkProfile, prompt: int,
-                          output: int, chunk: int, streams: int = 1) -> RequestTimes:
-    """Prefill engine emits token 1, the prompt's KV crosses ``link``, the decode engine makes the rest."""
-    p = prefill_ms(prefill_cost, prompt, chunk)
-    t = kv_transfer_ms(prompt * prefill_cost.kv_bytes_per_token, link, streams)
+                          output: int, chunk: int, handoff: str = "pull") -> RequestTimes:
+    """Prefill engine emits token 1, the prompt's KV crosses ``link`` (one link per engine), the decode
+    engine makes the rest.
+
+    ``pull``: the transfer starts when the prefill is done. ``push``: each chunk's KV leaves as soon as the
+    chunk is computed, overlapping the next chunk's compute; the decode can start when the last chunk's
+    KV has landed. ``transfer_ms`` is the transfer time the request waits for after its prefill.
+    """
+    kv = prefill_cost.kv_bytes_per_token
+    done = 0
+    compute_end = 0.0
+    wire_free = 0.0
+    steps: list[tuple[int, float]] = []
+    while done < prompt:
+        n = min(chunk, prompt - done)
+        compute_end += prefill_cost.step(StepShape.of(prefills=[(n, done)])).total_ms
+        steps.append((n, compute_end))
+        done += n
+    p = compute_end
+    if handoff == "push":
+        for n, end in steps:
+            wire_free = max(wire_free, end) + link.transfer_ms(n * kv)
+        t = max(0.0, wire_free - p)
+    else:
+        t = link.transfer_ms(prompt * kv)
     d = decode_ms(decode_cost, prompt, output - 1)
     return RequestTimes(p, (t + d) / max(1, output - 1), p + t + d, p, t, d)
 

@@ -92,11 +92,12 @@ def estimate_profile(cat: Catalog, name: str, prompt: int, output: int) -> Estim
 
 def estimate_roofline(cat: Catalog, model: str, hardware: str, tp: int, prompt: int, output: int, *,
                       decode_hardware: str | None = None, chunk: int = DEFAULT_CHUNK,
-                      rdma_link: str = DEFAULT_RDMA, tcp_link: str = DEFAULT_TCP) -> Estimate:
+                      rdma_link: str = DEFAULT_RDMA, tcp_link: str = DEFAULT_TCP, handoff: str = "pull") -> Estimate:
     """The same questions answered by the roofline cost model, as an engine's step loop would run them.
 
     Colocated: chunked prefill then ``output - 1`` decode steps on one engine. Disaggregated: prefill on
-    ``hardware``, KV over the link (one stream per TP rank), decode on ``decode_hardware``.
+    ``hardware``, the KV over the link (one link per engine; ``push`` overlaps it with later chunks),
+    decode on ``decode_hardware``.
     """
     m = cat.models.get(model)
     pre: CostModel = RooflineCostModel(cat.hardware.get(hardware), m, tp)
@@ -106,7 +107,7 @@ def estimate_roofline(cat: Catalog, model: str, hardware: str, tp: int, prompt: 
     def diff(link: LinkProfile) -> Callable[[int], float]:
         def f(p: int) -> float:
             c = request_colocated(pre, p, output, chunk).e2e_ms
-            return request_disaggregated(pre, dec, link, p, output, chunk, tp).e2e_ms - c
+            return request_disaggregated(pre, dec, link, p, output, chunk, handoff).e2e_ms - c
         return f
 
     hi = m.max_context
@@ -114,7 +115,7 @@ def estimate_roofline(cat: Catalog, model: str, hardware: str, tp: int, prompt: 
     return Estimate(
         name, prompt, output, float(prompt * m.kv_bytes_per_token), rdma.name, tcp.name,
         request_colocated(pre, prompt, output, chunk),
-        request_disaggregated(pre, dec, rdma, prompt, output, chunk, tp),
-        request_disaggregated(pre, dec, tcp, prompt, output, chunk, tp),
+        request_disaggregated(pre, dec, rdma, prompt, output, chunk, handoff),
+        request_disaggregated(pre, dec, tcp, prompt, output, chunk, handoff),
         crossover(diff(rdma), 16, hi), crossover(diff(tcp), 16, hi), diff(rdma)(16) < 0,
     )

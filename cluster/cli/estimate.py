@@ -24,6 +24,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk (max_num_batched_tokens)")
     p.add_argument("--rdma-link", default=DEFAULT_RDMA, help="link preset for the RDMA case (roofline only)")
     p.add_argument("--tcp-link", default=DEFAULT_TCP, help="link preset for the TCP case (roofline only)")
+    p.add_argument("--handoff", choices=["pull", "push"], default="pull",
+                   help="pull: the KV moves after the prefill; push: each chunk's KV overlaps the next chunk "
+                        "(roofline only; the lessons card's closed form is sequential)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
 
 
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                 raise SystemExit("error: --model needs --hardware")
             est = estimate_roofline(cat, args.model, args.hardware, args.tp, args.prompt, args.output,
                                     decode_hardware=args.decode_hardware, chunk=args.chunk,
-                                    rdma_link=args.rdma_link, tcp_link=args.tcp_link)
+                                    rdma_link=args.rdma_link, tcp_link=args.tcp_link, handoff=args.handoff)
     except KeyError as e:
         raise SystemExit(f"error: {e.args[0]}") from None
     out = console()

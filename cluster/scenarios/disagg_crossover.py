@@ -1,0 +1,244 @@
+"""``disagg-crossover``: when disaggregation wins, and when the KV transfer tax eats the gain.
+
+For each profile (the lessons card's ``lesson-70b-fp8``, and a calibrated Llama-3.1-70B on H100 at
+TP 4) it launches three clusters on the local Ray instance: one colocated engine, and one prefill plus
+one decode engine on two nodes joined by an RDMA link and by a TCP link. It sends one isolated request
+per prompt length (256 to 32,768 tokens) with a fixed output length to each, and sets the measured TTFT,
+transfer time and end-to-end time beside the analytic prediction of ``run_cluster.py estimate`` (same
+cost model, same chunking, same hand-off), with the crossover prompt length of each. The transfer time a
+client sees is the first inter-token gap less the median decode step.
+
+Then, under concurrent load (Poisson arrivals at a sweep of rates), it sets the decode inter-token
+latency of two colocated engines against one prefill plus one decode engine (the same GPUs): what the
+isolated formula cannot show, prefill interference with decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from actors.cost_model import CostModel, EmpiricalCostModel, RooflineCostModel, request_colocated, request_disaggregated
+from cluster.launch import ClusterHandle, launch
+from cluster.scenarios import Scenario, register_scenario
+from config import ClusterSpec, default_catalog
+
+PROMPTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_PROMPTS = (512, 8192)
+CHUNK = 8192
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    hardware: str
+    tp: int
+    rdma: str
+    tcp: str
+
+    def costs(self) -> tuple[CostModel, CostModel, CostModel]:
+        """(colocated, prefill, decode) cost models."""
+        cat = default_catalog()
+        if self.model in cat.profiles:
+            p = cat.profiles.get(self.model)
+            return EmpiricalCostModel(p, "colocated"), EmpiricalCostModel(p, "prefill"), EmpiricalCostModel(p, "decode")
+        cm = RooflineCostModel(cat.hardware.get(self.hardware), cat.models.get(self.model), self.tp)
+        return cm, cm, cm
+
+    def vocab(self) -> int:
+        cat = default_catalog()
+        return cat.models.get(self.model).vocab_size if self.model in cat.models else 32000
+
+
+CASES = (Case("lesson-70b-fp8", "lesson-70b-fp8", "h100-80g-sxm", 1, "lesson-rdma", "lesson-tcp"),
+         Case("llama-3.1-70b H100 TP4", "llama-3.1-70b", "h100-80g-sxm", 4, "rdma-ib-ndr400", "tcp-25g"))
+
+
+def _engine(name: str, role: str, case: Case) -> dict[str, Any]:
+    return {"name": name, "role": role, "model": case.model, "tp": case.tp,
+            "scheduler": {"max_num_batched_tokens": CHUNK, "max_num_seqs": 256}}
+
+
+def colocated_spec(case: Case, scale: float, replicas: int = 1) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": "xover-colocated", "time_scale": scale,
+        "nodes": [{"name": "n0", "region": "local", "hardware": case.hardware, "gpus": case.tp * replicas,
+                   "engines": [{**_engine("c", "colocated", case), "replicas": replicas}]}],
+        "router": {"policy": "least_loaded"}})
+
+
+def pd_spec(case: Case, link: str, scale: float, handoff: str, payload_scale: float) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": f"xover-pd-{link}-{handoff}", "time_scale": scale,
+        "nodes": [{"name": "np", "region": "local", "hardware": case.hardware, "gpus": case.tp, "nic": link,
+                   "engines": [_engine("p", "prefill", case)]},
+                  {"name": "nd", "region": "local", "hardware": case.hardware, "gpus": case.tp, "nic": link,
+                   "engines": [_engine("d", "decode", case)]}],
+        "transport": {"backend": "tcp", "kv_payload_scale": payload_scale},
+        "disagg": {"hand_off": handoff, "min_uncached_tokens": 0, "decode_prefix_fraction": 1.0,
+                   "transfer_timeout_ms": 600_000},
+        "router": {"policy": "least_loaded"}})
+
+
+async def one_request(s: aiohttp.ClientSession, url: str, prompt: list[int], output: int) -> list[float]:
+    """Wall arrival times (s, from the send) of each streamed token."""
+    body = json.dumps({"prompt": prompt, "max_tokens": output, "ignore_eos": True, "stream": True}).encode()
+    t0 = time.monotonic()
+    times: list[float] = []
+    async with s.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+        if r.status != 200:
+            raise RuntimeError(f"request failed: HTTP {r.status}: {await r.text()}")
+        async for line in r.content:
+            if line.startswith(b"data: {") and b'"text"' in line:
+                times.append(time.monotonic() - t0)
+    return times
+
+
+def measure(h: ClusterHandle, prompts: tuple[int, ...], output: int, scale: float, vocab: int,
+            seed: int) -> dict[int, dict[str, float]]:
+    """One isolated request per prompt length (after a warm-up that opens every connection on the path)."""
+    rng = random.Random(seed)
+
+    async def main() -> list[list[float]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
+            await one_request(s, h.router_url, [rng.randrange(16, vocab) for _ in range(1024)], 4)
+            return [await one_request(s, h.router_url, [rng.randrange(16, vocab) for _ in range(n)], output)
+                    for n in prompts]
+
+    out: dict[int, dict[str, float]] = {}
+    for n, times in zip(prompts, asyncio.run(main()), strict=True):
+        ms = [t * 1000.0 / scale for t in times]
+        gaps = [b - a for a, b in itertools.pairwise(ms)]
+        step = statistics.median(gaps[1:]) if len(gaps) > 1 else 0.0
+        out[n] = {"ttft_ms": ms[0], "e2e_ms": ms[-1], "transfer_ms": max(0.0, gaps[0] - step) if gaps else 0.0,
+                  "tokens": float(len(ms))}
+    return out
+
+
+def predict(case: Case, n: int, output: int, mode: str, handoff: str) -> dict[str, float]:
+    colo, pre, dec = case.costs()
+    cat = default_catalog()
+    if mode == "colocated":
+        r = request_colocated(colo, n, output, CHUNK)
+    else:
+        link = cat.links.get(case.rdma if mode == "rdma" else case.tcp)
+        r = request_disaggregated(pre, dec, link, n, output, CHUNK, handoff)
+    return {"ttft_ms": r.ttft_ms, "e2e_ms": r.e2e_ms, "transfer_ms": r.transfer_ms}
+
+
+def crossover_from(prompts: list[int], colo: list[float], dis: list[float]) -> float | None:
+    """Prompt length where disaggregated minus colocated end-to-end time changes sign (linear between rows)."""
+    diffs = [d - c for c, d in zip(colo, dis, strict=True)]
+    for i in range(1, len(diffs)):
+        if (diffs[i - 1] < 0) != (diffs[i] < 0):
+            a, b = diffs[i - 1], diffs[i]
+            return prompts[i - 1] + (prompts[i] - prompts[i - 1]) * (-a / (b - a))
+    return None
+
+
+def analytic_crossover(case: Case, output: int, mode: str, handoff: str) -> int | None:
+    from actors.cost_model import crossover
+
+    hi = 1 << 22 if case.model in default_catalog().profiles else default_catalog().models.get(case.model).max_context
+
+    def diff(p: int) -> float:
+        colocated = predict(case, p, output, "colocated", handoff)["e2e_ms"]
+        return predict(case, p, output, mode, handoff)["e2e_ms"] - colocated
+
+    return crossover(diff, 16, hi)
+
+
+def load_sweep(case: Case, rates: tuple[float, ...], prompt: int, output: int, requests: int, scale: float,
+               payload_scale: float, seed: int) -> list[dict[str, Any]]:
+    """Decode ITL under load: two colocated engines against one prefill plus one decode engine."""
+    from cluster.loadtest.client import ClientConfig
+    from cluster.loadtest.replay import ReplayConfig
+    from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
+    from cluster.loadtest.spec import RequestId, RequestSpec, TraceData
+
+    rng = random.Random(seed)
+    specs = tuple(RequestSpec(RequestId(f"x{i}"), 0.0, prompt, output,
+                              hash_ids=tuple(range(i * 10_000, i * 10_000 + -(-prompt // 16))), block_size=16)
+                  for i in range(requests))
+    del rng
+    trace = TraceData("disagg-crossover load", "synthetic", specs, block_size=16)
+    rows: list[dict[str, Any]] = []
+    for label, spec in (("colocated x2", colocated_spec(case, scale, replicas=2)),
+                        ("1P1D rdma push", pd_spec(case, case.rdma, scale, "push", payload_scale))):
+        with launch(spec) as h:
+            cfg = LoadTestConfig(name=f"xover-{label}", rates=rates, retime="poisson", seed=seed,
+                                 replay=ReplayConfig(), client=ClientConfig(time_scale=scale), progress=False)
+            result = run_sync(run_loadtest(h.router_url, trace, cfg, out_root=None))
+            for run in result.summary.get("runs", [result.summary]):
+                rows.append({"config": label, "rate": run.get("rate"), "itl_ms": run["itl_ms"],
+                             "tpot_ms": run["tpot_ms"], "ttft_ms": run["ttft_ms"],
+                             "step_lag_ms": run.get("step_lag_ms")})
+    return rows
+
+
+def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload_scale: float = 1 / 1024,
+        seed: int = 0, profiles: tuple[str, ...] | None = None, load: bool = True,
+        rates: tuple[float, ...] = (0.5, 1.0, 2.0), load_requests: int = 40,
+        progress: Any = None) -> dict[str, Any]:
+    say = progress or (lambda m: None)
+    prompts = QUICK_PROMPTS if quick else PROMPTS
+    cases = [c for c in CASES if profiles is None or c.label in profiles or c.model in profiles]
+    result: dict[str, Any] = {"scenario": "disagg-crossover", "output_tokens": output, "time_scale": time_scale,
+                              "kv_payload_scale": payload_scale, "profiles": []}
+    for case in cases:
+        say(f"{case.label}: colocated, then 1P1D over {case.rdma} and {case.tcp}")
+        measured: dict[str, dict[int, dict[str, float]]] = {}
+        plans = [("colocated", "push", colocated_spec(case, time_scale)),
+                 ("rdma", "push", pd_spec(case, case.rdma, time_scale, "push", payload_scale)),
+                 ("tcp", "push", pd_spec(case, case.tcp, time_scale, "push", payload_scale)),
+                 ("tcp-pull", "pull", pd_spec(case, case.tcp, time_scale, "pull", payload_scale))]
+        for mode, _, spec in plans:
+            with launch(spec) as h:
+                measured[mode] = measure(h, prompts, output, time_scale, case.vocab(), seed)
+            say(f"  {mode}: done")
+        rows = []
+        for mode, handoff, _ in plans:
+            base = "tcp" if mode == "tcp-pull" else mode
+            for n in prompts:
+                pred = predict(case, n, output, base, handoff)
+                got = measured[mode][n]
+                rows.append({"mode": mode, "handoff": handoff if mode != "colocated" else None, "prompt": n,
+                             "predicted": {k: round(v, 2) for k, v in pred.items()},
+                             "measured": {k: round(v, 2) for k, v in got.items() if k != "tokens"},
+                             "error": {k: round(got[k] / pred[k] - 1.0, 4) if pred[k] > 0 else None
+                                       for k in ("ttft_ms", "e2e_ms")}})
+        colo = [measured["colocated"][n]["e2e_ms"] for n in prompts]
+        entry: dict[str, Any] = {"profile": case.label, "rows": rows, "crossover": {}}
+        for mode, handoff in (("rdma", "push"), ("tcp", "push"), ("tcp", "pull")):
+            key = mode if handoff == "push" else "tcp-pull"
+            entry["crossover"][key] = {
+                "analytic_prompt_tokens": analytic_crossover(case, output, mode, handoff),
+                "measured_prompt_tokens": crossover_from(list(prompts), colo,
+                                                         [measured[key][n]["e2e_ms"] for n in prompts])}
+        entry["push_vs_pull_tcp"] = {str(n): {"push_ttft_ms": round(measured["tcp"][n]["ttft_ms"], 2),
+                                              "pull_ttft_ms": round(measured["tcp-pull"][n]["ttft_ms"], 2),
+                                              "push_e2e_ms": round(measured["tcp"][n]["e2e_ms"], 2),
+                                              "pull_e2e_ms": round(measured["tcp-pull"][n]["e2e_ms"], 2)}
+                                     for n in prompts}
+        if load and case is cases[0]:
+            say(f"{case.label}: rate sweep {rates} req/s, colocated x2 against 1P1D")
+            entry["load"] = load_sweep(case, rates if not quick else rates[:1], 4096, output,
+                                       load_requests if not quick else 10, time_scale, payload_scale, seed)
+        result["profiles"].append(entry)
+    errs = [abs(r["error"][k]) for p in result["profiles"] for r in p["rows"] for k in ("ttft_ms", "e2e_ms")
+            if r["error"][k] is not None]
+    result["max_abs_error"] = round(max(errs), 4) if errs else None
+    return result
+
+
+register_scenario(Scenario("disagg-crossover", "prompt-length sweep: colocated vs 1P1D over RDMA and TCP; "
+                           "decode ITL under load", run))
