@@ -401,7 +401,7 @@ async def link_trial(sink: Child, link: Any, scale: float, n: int, payload: Any,
     t = ShapedTransport(inner, LinkModel(Topology.flat(link), clock, payload_scale=scale))
     addr = Address("tcp", sink.location, RECEIVER)
     blocks = [Block.of(i, payload[i * block:(i + 1) * block], (0, 80)) for i in range(BLOCKS_PER_TRANSFER)]
-    for _ in range(3):  # connect, and learn the commit round trip, outside the measurement
+    for _ in range(8):  # connect, and let the commit lead settle on this peer, outside the measurement
         await t.push(addr, RequestId("warm"), blocks)
     recs = await asyncio.gather(*(t.push(addr, RequestId(f"k{i}"), blocks) for i in range(n)))
     await t.close()

@@ -26,10 +26,10 @@ node NIC (the WAN is far slower).
 Shaping (:class:`ShapedTransport`). Wraps any backend: the real bytes and the emulated transfer run
 concurrently; a push's blocks become visible at the receiver at the emulated completion (the
 backend's commit gate), and a pull returns no earlier than it. The commit itself costs a real round
-trip, so the gate opens that much early: the lead starts at the measured round trip and is then
-corrected, per peer, by how late or early each push returned against its emulated completion
-(absorbing wake-up lag too), so the push returns at the emulated completion and the receiver sees
-the blocks about half a round trip before it. ``kv_payload_scale``
+trip, so the gate opens that much early: the lead, per peer, is the least delay from a planned
+opening to the push's return among the recent pushes (wake-up lag plus the round trip). A push then
+returns at its emulated completion plus only the jitter above that floor, never before it, and the
+receiver sees the blocks about half a round trip before the completion. ``kv_payload_scale``
 converts: emulated bytes = real bytes / scale. When the real bytes (with the commit's round trip)
 took longer than the emulated transfer, the record says ``real_bottleneck``.
 """
@@ -37,6 +37,7 @@ took longer than the emulated transfer, the record says ``real_bottleneck``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -64,7 +65,9 @@ from transport.base import (
 
 GPU_LINK_LATENCY_US = {"nvlink": 2.0, "pcie": 5.0}
 MAX_LEAD_S = 0.05
-"""Cap on how early a commit gate opens (a sanity bound on the feedback; real round trips are ~0.1-1 ms)."""
+"""Cap on how early a commit gate opens (a sanity bound; real round trips are ~0.1-1 ms)."""
+COMMIT_SAMPLES = 16
+"""Recent commit delays kept per peer; the least of them is the lead."""
 """One-way latency of the intra-node GPU link by kind (the hardware profile gives only bandwidth)."""
 
 
@@ -454,8 +457,8 @@ class ShapedTransport:
         self.name = inner.name
         self.site = inner.site
         self.clock = inner.clock
-        self._lead: dict[str, float] = {}
-        """Wall seconds a push's commit gate opens before its emulated arrival, by peer (see ``push``)."""
+        self._commit_delays: dict[str, collections.deque[float]] = {}
+        """Recent wall seconds from a commit gate's planned opening to its push's return, by peer."""
 
     def deadline(self, deadline_ms: float | None) -> float:
         return self.inner.deadline(deadline_ms)
@@ -472,13 +475,15 @@ class ShapedTransport:
         self.model.topology.route(self.site, address.site)  # an unknown site fails here, before any byte moves
         real = sum(b.nbytes for b in blocks)
         emu = self.model.emulated_bytes(real)
-        lead = self._lead.get(address.location)
-        flow = self.model.open_push(self.site, address.site, emu, start, self.clock.to_emulated_ms(lead or 0.0))
+        delays = self._commit_delays.setdefault(address.location, collections.deque(maxlen=COMMIT_SAMPLES))
+        lead = min(delays, default=0.0)
+        flow = self.model.open_push(self.site, address.site, emu, start, self.clock.to_emulated_ms(lead))
         opened = 0.0
+        planned = 0.0
         on_time = False
 
         async def emulated_arrival() -> None:
-            nonlocal opened, on_time
+            nonlocal opened, planned, on_time
             entered = self.clock.now_ms()
             planned = await flow.arrival()
             on_time = entered <= planned  # the bytes were staged before the gate was due
@@ -493,10 +498,10 @@ class ShapedTransport:
             flow.close()
         rtt = time.perf_counter() - opened if opened else 0.0
         if opened and on_time and not flow.capped:
-            # Feedback on the lead: start from the commit's round trip, then correct by how late (or
-            # early) the push returned against the emulated arrival, which also absorbs wake-up lag.
-            late_s = self.clock.to_wall_s(self.clock.now_ms() - modelled.end_ms)
-            self._lead[address.location] = rtt if lead is None else min(MAX_LEAD_S, max(0.0, lead + 0.5 * late_s))
+            # From the planned opening to the return: wake-up lag plus the commit's round trip. The
+            # lead is the least of the recent ones, so a push returns at its emulated arrival plus
+            # only the jitter above that floor, and never before it.
+            delays.append(min(MAX_LEAD_S, self.clock.to_wall_s(self.clock.now_ms() - planned)))
         return self._record(rec, modelled, emu, start, real_extra_s=rtt)
 
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
