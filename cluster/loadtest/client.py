@@ -16,7 +16,9 @@ request is read from the router's ``X-Served-By`` response header when there is 
 
 Failure behaviour: no exception escapes ``send``; a non-200 answer, a timeout, a dropped connection, an
 unparsable event or a stream without any content chunk becomes a record with that status and the error
-text (clipped), so a bad server never loses a request from the report.
+text (clipped), so a bad server never loses a request from the report. ``abandon_open`` ends the streams
+still open (the replayer calls it when the server has reported nothing in flight for a while, i.e. a
+stream the server forgot to end); each becomes a ``stalled`` record.
 """
 
 from __future__ import annotations
@@ -133,6 +135,23 @@ class CompletionClient:
         self.origin = time.monotonic() if origin is None else origin
         self.model: str | None = config.model
         self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s, sock_connect=30.0)
+        self._open: dict[asyncio.Task[Any], float] = {}
+        self._abandoned: dict[asyncio.Task[Any], str] = {}
+
+    @property
+    def open_count(self) -> int:
+        """Requests sent and not finished yet."""
+        return len(self._open)
+
+    def abandon_open(self, reason: str, older_than_s: float = 0.0) -> int:
+        """End every request open for at least ``older_than_s`` wall seconds now, as ``stalled`` with
+        ``reason``; returns how many."""
+        now = time.monotonic()
+        tasks = [task for task, since in self._open.items() if now - since >= older_than_s]
+        for task in tasks:
+            self._abandoned[task] = reason
+            task.cancel()
+        return len(tasks)
 
     def emulated_ms(self, wall: float) -> float:
         """Emulated ms since the origin of a ``time.monotonic()`` value."""
@@ -186,6 +205,9 @@ class CompletionClient:
         http_status: int | None = None
         error = ""
         worker: str | None = None
+        me = asyncio.current_task()
+        if me is not None:
+            self._open[me] = st
         try:
             async with self.session.post(f"{self.base_url}{COMPLETIONS_PATH}", data=req.body,
                                          headers=req.headers, timeout=self._timeout) as resp:
@@ -233,6 +255,14 @@ class CompletionClient:
             status, error = "protocol_error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
         except Exception as e:  # never lose a request from the report, whatever the server did
             status, error = "protocol_error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        except asyncio.CancelledError:
+            if me is None or me not in self._abandoned:
+                raise
+            me.uncancel()
+            status, error = "stalled", self._abandoned.pop(me)[:MAX_ERROR_CHARS]
+        finally:
+            if me is not None:
+                self._open.pop(me, None)
         scale = 1000.0 / self.config.time_scale
         ok = status == "ok" and first is not None
         completion = usage.get("completion_tokens")

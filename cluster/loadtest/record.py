@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from cluster.loadtest.spec import RequestId
 
-Status = Literal["ok", "http_error", "timeout", "connection_error", "protocol_error", "no_content"]
-STATUSES: tuple[str, ...] = ("ok", "http_error", "timeout", "connection_error", "protocol_error", "no_content")
+Status = Literal["ok", "http_error", "timeout", "connection_error", "protocol_error", "no_content", "stalled"]
+STATUSES: tuple[str, ...] = ("ok", "http_error", "timeout", "connection_error", "protocol_error", "no_content",
+                             "stalled")
 
 
 @dataclass(frozen=True)

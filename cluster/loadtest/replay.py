@@ -11,7 +11,9 @@ Closed loop. ``concurrency`` workers share the request list; each sends its next
 previous one finished (the schedule time of a request is its real send time).
 
 Around the run the target's ``/metrics`` is scraped once before and once after (prefix cache counters,
-step-lag histogram) and polled every ``metrics_interval_s`` for queue depth (see ``scrape.py``). The
+step-lag histogram) and polled every ``metrics_interval_s`` for queue depth (see ``scrape.py``). A
+watchdog ends requests still open after the target has reported nothing in flight for ``stall_grace_s``
+(status ``stalled``), so a stream the server forgot to close cannot hold the run forever. The
 run's duration is from the origin until the last request finished, in emulated seconds, as vLLM measures
 its benchmark duration. Failures of single requests are records with a status; the replay itself raises
 only ``TargetError`` when the target's model cannot be resolved.
@@ -48,6 +50,9 @@ class ReplayConfig:
     metrics_interval_s: float = 0.5
     scrape: bool = True
     ready_wait_s: float = 30.0
+    stall_grace_s: float = 30.0
+    """Open requests are ended as ``stalled`` once the target has reported nothing running, waiting or
+    held for this many wall seconds (a stream the server never closed); needs ``scrape``."""
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -110,6 +115,7 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
     clock = Clock(client_config.time_scale, spin_ms=config.spin_ms, origin=origin)
     stop = asyncio.Event()
     poller = asyncio.create_task(probe.poll(config.metrics_interval_s, stop)) if config.scrape else None
+    watchdog = asyncio.create_task(_watch_stalls(client, probe, config.stall_grace_s)) if config.scrape else None
     records: list[RequestRecord] = []
 
     def done(r: RequestRecord) -> None:
@@ -124,6 +130,9 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
             await _closed_loop(client, specs, config.concurrency, done)
     finally:
         stop.set()
+        if watchdog is not None:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
         if poller is not None:
             await poller
     end = time.monotonic()
@@ -133,6 +142,18 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
     return ReplayResult(records=records, duration_s=max(1e-9, (end - origin) / client_config.time_scale),
                         wall_s=end - origin, model=model, before=before, after=after, depth=probe.samples,
                         workers=probe.workers, scrape_errors=probe.errors)
+
+
+async def _watch_stalls(client: CompletionClient, probe: TargetProbe, grace_s: float) -> None:
+    """End the requests open for ``grace_s`` or more while the target reported, for the last ``grace_s``,
+    nothing running, waiting or held: the server has forgotten them. A request sent during an idle spell
+    is younger than the grace, so it is never ended by a sample taken before the server saw it."""
+    while True:
+        await asyncio.sleep(1.0)
+        idle = probe.idle_for()
+        if client.open_count and idle >= grace_s:
+            client.abandon_open(f"the server reported nothing running, waiting or held for {idle:.0f} s but "
+                                f"this stream never ended (a server that forgot to close it)", grace_s)
 
 
 async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[RequestSpec], speed: float,

@@ -179,10 +179,28 @@ class DepthSample:
     running: float | None
     waiting: float | None
     per_series: dict[str, tuple[float, float]] = field(default_factory=dict)
+    router_inflight: float | None = None
+    """Requests the router holds open (sum of ``inflight`` in ``GET /workers``), when it says."""
+
+    @property
+    def idle(self) -> bool | None:
+        """True when the target reports nothing running, waiting or held; None when it cannot tell."""
+        if self.running is None or self.waiting is None:
+            return None
+        return self.running + self.waiting + (self.router_inflight or 0.0) == 0
 
 
 def _series_name(k: LabelKey) -> str:
     return ",".join(f"{a}={b}" for a, b in k) or "all"
+
+
+def router_inflight(payload: Any) -> float | None:
+    """Sum of the ``inflight`` counts in a ``GET /workers`` answer; None when it carries none."""
+    items = payload.get("workers") if isinstance(payload, dict) else payload
+    if not isinstance(items, list):
+        return None
+    counts = [w["inflight"] for w in items if isinstance(w, dict) and isinstance(w.get("inflight"), int | float)]
+    return float(sum(counts)) if counts else None
 
 
 def parse_workers(payload: Any) -> list[tuple[str, str]]:
@@ -221,6 +239,7 @@ class TargetProbe:
         self.errors = 0
         self.samples: list[DepthSample] = []
         self.origin = time.monotonic()
+        self._idle_since: float | None = None
 
     async def _get(self, url: str) -> str | None:
         try:
@@ -232,14 +251,22 @@ class TargetProbe:
             self.errors += 1
             return None
 
-    async def discover_workers(self) -> list[tuple[str, str]]:
+    async def _workers_payload(self) -> Any:
         text = await self._get(f"{self.base_url}/workers")
-        if text is not None:
-            try:
-                self.workers = parse_workers(json.loads(text))
-            except ValueError:
-                self.workers = []
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+    async def discover_workers(self) -> list[tuple[str, str]]:
+        self.workers = parse_workers(await self._workers_payload())
         return self.workers
+
+    def idle_for(self) -> float:
+        """Wall seconds the target has continuously reported nothing in flight (0 when busy or unknown)."""
+        return 0.0 if self._idle_since is None else time.monotonic() - self._idle_since
 
     async def page(self, base: str) -> MetricsText | None:
         text = await self._get(f"{base}/metrics")
@@ -291,6 +318,15 @@ class TargetProbe:
                     if len(running) > 1 or len(waiting) > 1:
                         for k in sorted(set(running) | set(waiting)):
                             per[_series_name(k)] = (running.get(k, 0.0), waiting.get(k, 0.0))
-                self.samples.append(DepthSample(t, page.total(RUNNING), page.total(WAITING), per))
+                held = router_inflight(await self._workers_payload()) if self.workers else None
+                sample = DepthSample(t, page.total(RUNNING), page.total(WAITING), per, held)
+                self.samples.append(sample)
+                if sample.idle:
+                    if self._idle_since is None:
+                        self._idle_since = time.monotonic()
+                else:
+                    self._idle_since = None
+            else:
+                self._idle_since = None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)

@@ -1,11 +1,15 @@
-"""The client's request shape and its SSE line splitting (no sockets)."""
+"""The client's request shape, SSE line splitting and stall handling (no sockets)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from cluster.loadtest import RequestId, RequestSpec
-from cluster.loadtest.client import SSELines, build_headers, build_payload
+import pytest
+
+from cluster.loadtest import ClientConfig, PromptSynthesizer, RequestId, RequestSpec
+from cluster.loadtest.client import CompletionClient, SSELines, build_headers, build_payload
+from cluster.loadtest.scrape import DepthSample, router_inflight
 
 
 def test_payload_is_a_streaming_token_id_completion() -> None:
@@ -35,3 +39,43 @@ def test_sse_lines_of_any_length_split_across_reads() -> None:
     assert lines.rest() == b""
     tail = SSELines()
     assert tail.feed(b"data: x") == [] and tail.rest() == b"data: x"
+
+
+class _NeverAnswers:
+    """An aiohttp-session stand-in whose POST never completes (the client's stall handling, no sockets)."""
+
+    def post(self, *args: object, **kwargs: object) -> _NeverAnswers:
+        return self
+
+    async def __aenter__(self) -> None:
+        await asyncio.Event().wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_abandoned_requests_become_stalled_records_and_others_are_untouched() -> None:
+    client = CompletionClient(_NeverAnswers(), "http://x", ClientConfig(model="m"),  # type: ignore[arg-type]
+                              PromptSynthesizer(0))
+    old = asyncio.create_task(client.send(client.prepare(RequestSpec(RequestId("old"), 0.0, 4, 2)), 0.0))
+    await asyncio.sleep(0.05)
+    young = asyncio.create_task(client.send(client.prepare(RequestSpec(RequestId("young"), 0.0, 4, 2)), 0.0))
+    await asyncio.sleep(0)
+    assert client.open_count == 2
+    assert client.abandon_open("forgotten", older_than_s=0.04) == 1
+    rec = await old
+    assert (rec.request_id, rec.status, rec.error, rec.success) == ("old", "stalled", "forgotten", False)
+    assert client.open_count == 1 and not young.done()
+    young.cancel()  # a cancellation that is not an abandonment propagates
+    with pytest.raises(asyncio.CancelledError):
+        await young
+    assert client.open_count == 0
+
+
+def test_idle_needs_gauges_and_counts_router_held_requests() -> None:
+    assert DepthSample(0.0, 0.0, 0.0).idle is True
+    assert DepthSample(0.0, 0.0, 0.0, router_inflight=2).idle is False
+    assert DepthSample(0.0, 1.0, 0.0).idle is False
+    assert DepthSample(0.0, None, None).idle is None
+    assert router_inflight([{"name": "a", "inflight": 2}, {"name": "b", "inflight": 1}]) == 3.0
+    assert router_inflight([{"name": "a"}]) is None and router_inflight(None) is None
