@@ -461,7 +461,6 @@ async def bench_faults(n: int, concurrency: int = 64, deadline_ms: float = 100.0
     outcomes: Counter[str] = Counter()
     silent = untyped = 0
     overshoot: list[float] = []
-    sem = asyncio.Semaphore(concurrency)
     rng = np.random.default_rng(7)
     payloads = [rng.integers(0, 256, 8192, dtype=np.uint8) for _ in range(64)]
 
@@ -469,39 +468,57 @@ async def bench_faults(n: int, concurrency: int = 64, deadline_ms: float = 100.0
         nonlocal silent, untyped
         rid = RequestId(f"f{i}")
         sent = [Block.of(0, payloads[i % 64][:4096], (0, 16)), Block.of(1, payloads[(i + 1) % 64], (16, 32))]
-        async with sem:
-            dl = clock.now_ms() + deadline_ms
-            try:
-                if i % 2:
-                    await a.push(addr, rid, sent, deadline_ms=dl)
-                    got = await b.receive(rid, count=2, deadline_ms=dl)
-                else:
-                    b.publish(rid, sent)
-                    got = await a.pull(addr, rid, [BlockId(0), BlockId(1)], deadline_ms=dl)
-            except TransportError as e:
-                outcomes[type(e).__name__] += 1
-                overshoot.append(max(0.0, clock.now_ms() - dl))
-                b.discard(rid)
-                return
-            except Exception:
-                untyped += 1
-                return
-            finally:
-                b.withdraw(rid)
-            with got:
-                if [bytes(g.payload) for g in got.blocks] != [bytes(s.payload) for s in sent]:
-                    silent += 1
-            outcomes["delivered_intact"] += 1
+        dl = clock.now_ms() + deadline_ms
+        try:
+            if i % 2:
+                await a.push(addr, rid, sent, deadline_ms=dl)
+                got = await b.receive(rid, count=2, deadline_ms=dl)
+            else:
+                b.publish(rid, sent)
+                got = await a.pull(addr, rid, [BlockId(0), BlockId(1)], deadline_ms=dl)
+        except TransportError as e:
+            outcomes[type(e).__name__] += 1
+            overshoot.append(max(0.0, clock.now_ms() - dl))
+            b.discard(rid)
+            return
+        except Exception:
+            untyped += 1
+            return
+        finally:
+            b.withdraw(rid)
+        with got:
+            if [bytes(g.payload) for g in got.blocks] != [bytes(s.payload) for s in sent]:
+                silent += 1
+        outcomes["delivered_intact"] += 1
 
+    todo = iter(range(n))
+
+    async def worker() -> None:  # a fixed pool of callers, not one task per transfer
+        for i in todo:
+            await one(i)
+
+    loop_lag: list[float] = []
+
+    async def watch_loop() -> None:  # the baseline for lateness: how late a plain 10 ms timer fires
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            loop_lag.append((time.perf_counter() - t - 0.01) * 1000)
+
+    watcher = asyncio.ensure_future(watch_loop())
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(n)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
     await a.close()
     await b.close()
     injected = Counter(a.injected) + Counter(b.injected)
     out = {"transfers": n, "deadline_ms": deadline_ms, "outcomes": dict(outcomes), "injected": dict(injected),
            "silent_corruptions": silent, "untyped_errors": untyped,
-           "error_after_deadline_ms": pct(overshoot), "wall_s": round(wall, 2)}
+           "error_after_deadline_ms": pct(overshoot), "event_loop_timer_lag_ms": pct(loop_lag),
+           "wall_s": round(wall, 2)}
     print(f"faults: {n} transfers, outcomes {dict(outcomes)}, injected {dict(injected)}, "
           f"silent corruptions {silent}, untyped errors {untyped}")
     return out
