@@ -18,6 +18,7 @@ from actors.engine.engine import Engine, EngineError, RequestStream
 from actors.engine.sequence import FinishReason, RequestId
 from actors.engine.tokenizer import Tokenizer
 from actors.feed import FeedPublisher
+from actors.http import serve_app
 from actors.kv_connector import KVConnector, address_from_json, address_to_json
 from actors.metrics import EngineMetrics
 from actors.openai_api import (
@@ -81,14 +82,7 @@ class EngineServer:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sock = server.sockets[0]  # type: ignore[attr-defined]
-        self.port = sock.getsockname()[1]
+        self._runner, self.port = await serve_app(self.app(), self.host, self.port)
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 

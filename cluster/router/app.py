@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from actors.cost_model import RooflineCostModel, StepShape
 from actors.engine.kv_blocks import hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
+from actors.http import serve_app
 from actors.openai_api import (
     MAX_BODY_BYTES,
     SSE_DONE,
@@ -234,13 +235,7 @@ class RouterServer:
         if self.settings.index_mode == "events":
             for w in self.view.workers.values():
                 self._start_feed(w)
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self._runner, self.port = await serve_app(self.app(), self.host, self.port)
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 
