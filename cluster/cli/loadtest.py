@@ -61,6 +61,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="wall seconds per emulated second: of the target with --target (default 1.0); with "
                         "--config it overrides the spec's (above 1 gives a small host headroom)")
     g.add_argument("--request-timeout", type=float, default=3600.0, help="wall seconds per request")
+    g.add_argument("--prompt-format", choices=["ids", "text"], default="ids",
+                   help="send prompts as token ids, or as text of one word per token (for text-only routers)")
     g.add_argument("--seed", type=int, default=0, help="seed of prompt synthesis, jitter and re-timing")
     g = p.add_argument_group("SLOs and output")
     g.add_argument("--slo", action="append", default=[], metavar="NAME:MS",
@@ -88,7 +90,8 @@ def _config(args: argparse.Namespace, time_scale: float) -> Any:
                                 jitter_buckets=args.jitter_buckets),
             replay=ReplayConfig(speed=args.speed, concurrency=args.concurrency,
                                 metrics_interval_s=args.metrics_interval),
-            client=ClientConfig(model=args.model, time_scale=time_scale, request_timeout_s=args.request_timeout),
+            client=ClientConfig(model=args.model, time_scale=time_scale, request_timeout_s=args.request_timeout,
+                                prompt_format=args.prompt_format),
             rates=tuple(args.rate), retime=args.retime, burstiness=args.burstiness, slos=slos,
             goodput_target=args.goodput_target, seed=args.seed, progress=not args.no_progress,
             plots=not args.no_plots)

@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -62,9 +62,22 @@ class ClientConfig:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     request_id_prefix: str = ""
     """Prepended to every ``X-Request-Id`` so concurrent runs against one server never reuse an id."""
+    prompt_format: Literal["ids", "text"] = "ids"
+    """``text`` sends each synthesized prompt as words (see ``ids_to_text``), for servers and routers
+    that take only text prompts (SGLang's router); prefix sharing is kept block for block."""
 
 
-def build_payload(spec: RequestSpec, model: str, prompt: list[int],
+def ids_to_text(ids: Sequence[int]) -> str:
+    """One short word per token id, each a single token of kvmesh's built-in tokenizer (a space and three
+    letters), so the text has exactly ``len(ids)`` tokens and equal id prefixes give equal text prefixes."""
+    out = []
+    for t in ids:
+        t %= 17576
+        out.append(" " + chr(97 + t // 676) + chr(97 + (t // 26) % 26) + chr(97 + t % 26))
+    return "".join(out)
+
+
+def build_payload(spec: RequestSpec, model: str, prompt: list[int] | str,
                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of one completions request."""
     body: dict[str, Any] = {
@@ -188,7 +201,9 @@ class CompletionClient:
         """Synthesize the prompt and encode the body (CPU work done ahead of the send time)."""
         if self.model is None:
             raise TargetError("model not resolved: call resolve_model() first")
-        payload = build_payload(spec, self.model, self.synthesizer.prompt(spec), self.config.extra_body)
+        ids = self.synthesizer.prompt(spec)
+        prompt: list[int] | str = ids_to_text(ids) if self.config.prompt_format == "text" else ids
+        payload = build_payload(spec, self.model, prompt, self.config.extra_body)
         body = json.dumps(payload, separators=(",", ":")).encode()
         return PreparedRequest(spec, body, build_headers(spec, self.config.request_id_prefix))
 
