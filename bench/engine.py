@@ -23,13 +23,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import aiohttp  # noqa: E402
-import ray  # noqa: E402
+import aiohttp
+import ray
 
-from actors.cost_model import RooflineCostModel, StepShape, request_colocated  # noqa: E402
-from bench._common import emit, parser  # noqa: E402
-from cluster.launch import ClusterHandle, launch  # noqa: E402
-from config import ClusterSpec, default_catalog  # noqa: E402
+from actors.cost_model import RooflineCostModel, StepShape, request_colocated
+from bench._common import emit, parser
+from cluster.launch import ClusterHandle, launch
+from config import ClusterSpec, default_catalog
 
 LAG_BOUND_MS = 5.0
 PROMPT, OUTPUT = 512, 128

@@ -1,0 +1,348 @@
+"""The router: its overhead beside SGLang's Rust router, routing quality per policy, regions and residency.
+
+Figures (each beside its same-run baseline):
+- overhead: added latency p50/p99 of kvmesh's router over going straight to an engine, at concurrency
+  1 and 32, beside sgl-router (``pip install sglang-router``; ``--policy cache_aware``) fronting the
+  same engines; the highest request rate each sustains (closed loop), beside the engines' own;
+- quality: a slice of the Mooncake conversation trace on 8 emulated H100s (Llama-3.1-8B), the same rate,
+  for every kvmesh policy and for sgl-router's cache_aware: prefix hit ratio, TTFT p50/p99, goodput;
+- regions: the lessons card's router comparison on 3 regions x 4 replicas: hit ratio, TTFT p50/p99 and
+  cross-region requests for ROUND_ROBIN, REGIONAL and GLOBAL; then a run where one region's workers are
+  killed midway: residency violations (must be 0).
+
+``--quick`` measures only the overhead (small counts). sgl-router runs from its own virtualenv
+(``.venv-sglang``, created with pip when missing; ``--no-sglang`` skips it, and the figures say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+import numpy as np
+import ray
+
+from bench._common import emit, parser, pct
+from cluster.launch import ClusterHandle, launch
+from config import ClusterSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SGL_VENV = ROOT / ".venv-sglang"
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+POLICIES = ("round_robin", "random", "least_loaded", "power_of_two", "session_affinity", "prefix_hash",
+            "kv_aware", "sglang_cache_aware")
+
+
+# -- sgl-router ------------------------------------------------------------------------------------------
+def sglang_python(install: bool) -> str | None:
+    py = SGL_VENV / "bin" / "python"
+    if not py.exists() and install:
+        subprocess.run([sys.executable, "-m", "venv", str(SGL_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "sglang-router"], check=False)
+    if py.exists() and subprocess.run([str(py), "-c", "import sglang_router"], capture_output=True).returncode == 0:
+        return str(py)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SGLangRouter:
+    def __init__(self, py: str, worker_urls: list[str], policy: str = "cache_aware") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        fd, self.log = tempfile.mkstemp(prefix="sglang-router-", suffix=".log")
+        self.proc = subprocess.Popen([py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--worker-urls", *worker_urls, "--policy", policy,
+                                      "--log-level", "error"], stdout=fd, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"sgl-router did not start (log: {self.log})") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# -- overhead ----------------------------------------------------------------------------------------------
+def small_spec(n: int, scale: float) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": "bench-router", "time_scale": scale,
+        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": n,
+                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": n}]}],
+        "router": {"policy": "least_loaded"}})
+
+
+async def latencies(targets: list[str], concurrency: int, n: int) -> list[float]:
+    """Wall ms of ``n`` one-token requests (text prompt, with a model name) at ``concurrency``."""
+    out: list[float] = []
+    counter = iter(range(n))
+    body_base = {"model": "llama-3.1-8b", "max_tokens": 1, "ignore_eos": True}
+
+    async def user(s: aiohttp.ClientSession, k: int) -> None:
+        for i in counter:
+            url = targets[(i + k) % len(targets)]
+            body = json.dumps({**body_base, "prompt": f"request {i} " + "word " * 12}).encode()
+            t0 = time.perf_counter()
+            async with s.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {r.status}")
+            out.append((time.perf_counter() - t0) * 1000.0)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(user(s, k) for k in range(concurrency)))
+    return out
+
+
+def rate(targets: list[str], concurrency: int, seconds: float) -> float:
+    async def main() -> float:
+        done = 0
+        stop = time.monotonic() + seconds
+
+        async def user(s: aiohttp.ClientSession, k: int) -> None:
+            nonlocal done
+            i = k
+            while time.monotonic() < stop:
+                body = json.dumps({"model": "llama-3.1-8b", "max_tokens": 1, "prompt": f"r {i} x y"}).encode()
+                async with s.post(targets[i % len(targets)] + "/v1/completions", data=body,
+                                  headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                done += 1
+                i += concurrency
+
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            await asyncio.gather(*(user(s, k) for k in range(concurrency)))
+        return done / (time.monotonic() - t0)
+
+    return asyncio.run(main())
+
+
+def overhead(quick: bool, sgl_py: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with launch(small_spec(2, 1.0)) as h:
+        engines = list(h.engine_urls.values())
+        sgl = SGLangRouter(sgl_py, engines) if sgl_py else None
+        try:
+            paths = {"direct": engines, "kvmesh": [h.router_url]}
+            if sgl is not None:
+                paths["sglang"] = [sgl.url]
+            for conc, n in ((1, 40 if quick else 300), (32, 96 if quick else 1200)):
+                row: dict[str, Any] = {}
+                for name, targets in paths.items():
+                    asyncio.run(latencies(targets, conc, 10))  # warm connections
+                    row[name] = pct(asyncio.run(latencies(targets, conc, n)))
+                for name in ("kvmesh", "sglang"):
+                    if name in row:
+                        row[f"{name}_added_p50_ms"] = round(row[name]["p50"] - row["direct"]["p50"], 3)
+                        row[f"{name}_added_p99_ms"] = round(row[name]["p99"] - row["direct"]["p99"], 3)
+                if "sglang" in row:
+                    base = max(row["sglang_added_p50_ms"], 0.05)
+                    row["ratio_added_p50_kvmesh_vs_sglang"] = round(row["kvmesh_added_p50_ms"] / base, 3)
+                out[f"concurrency_{conc}"] = row
+                print(f"overhead at concurrency {conc}: {row}", flush=True)
+        finally:
+            if sgl is not None:
+                sgl.stop()
+    # Highest request rate: engines fast (time scale 0.02), so routers and clients are the limit.
+    with launch(small_spec(2, 0.02)) as h:
+        engines = list(h.engine_urls.values())
+        sgl = SGLangRouter(sgl_py, engines, "round_robin") if sgl_py else None
+        try:
+            secs = 3.0 if quick else 10.0
+            rates = {"direct": rate(engines, 64, secs), "kvmesh": rate([h.router_url], 64, secs)}
+            if sgl is not None:
+                rates["sglang"] = rate([sgl.url], 64, secs)
+            out["max_rate_rps"] = {k: round(v, 1) for k, v in rates.items()}
+            out["max_rate_ratio_kvmesh_vs_direct"] = round(rates["kvmesh"] / rates["direct"], 3)
+            if "sglang" in rates:
+                out["max_rate_ratio_kvmesh_vs_sglang"] = round(rates["kvmesh"] / rates["sglang"], 3)
+            print(f"max rate: {out['max_rate_rps']}", flush=True)
+        finally:
+            if sgl is not None:
+                sgl.stop()
+    return out
+
+
+# -- routing quality -------------------------------------------------------------------------------------
+def quality_spec(policy: str) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": f"bench-quality-{policy}", "time_scale": 1.0, "gpus_per_actor": 2,
+        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 8,
+                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": 8}]}],
+        "router": {"policy": policy if policy != "sglang-router" else "least_loaded"}})
+
+
+def replay_summary(url: str, trace: Any, name: str, speed: float, slos: dict[str, float]) -> dict[str, Any]:
+    from cluster.loadtest.client import ClientConfig
+    from cluster.loadtest.replay import ReplayConfig
+    from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
+
+    cfg = LoadTestConfig(name=name, replay=ReplayConfig(speed=speed), slos=slos, progress=False, plots=False,
+                         client=ClientConfig(model="llama-3.1-8b", prompt_format="text"))
+    return run_sync(run_loadtest(url, trace, cfg, out_root=None)).summary
+
+
+def quality(sgl_py: str | None, seconds: float, speed: float) -> dict[str, Any]:
+    from cluster.loadtest.formats import ReadOptions, read_trace
+    from cluster.loadtest.schedule import window
+    from cluster.loadtest.spec import TraceData
+
+    if not MOONCAKE.exists():
+        return {"skipped": f"{MOONCAKE} is absent"}
+    full = read_trace(MOONCAKE, "mooncake", ReadOptions(block_size=512))
+    specs = window(full.requests, 0.0, seconds)
+    trace = TraceData(str(MOONCAKE), "mooncake", specs, block_size=512)
+    slos = {"ttft": 2000.0, "tpot": 50.0}
+    rows: dict[str, Any] = {"requests": len(specs), "speed": speed, "slos_ms": slos}
+    for policy in (*POLICIES, *(("sglang-router",) if sgl_py else ())):
+        with launch(quality_spec(policy)) as h:
+            url = h.router_url
+            sgl = SGLangRouter(sgl_py, list(h.engine_urls.values())) if policy == "sglang-router" and sgl_py else None
+            try:
+                s = replay_summary(sgl.url if sgl else url, trace, policy, speed, slos)
+                # The engines' own counters give the hit ratio whatever router is in front.
+                hits = prefix_hits(h)
+            finally:
+                if sgl is not None:
+                    sgl.stop()
+        rows[policy] = {"prefix_hit_ratio": round(hits, 4), "ttft_ms": s["ttft_ms"], "goodput_rps": s.get("goodput"),
+                        "completed": s["completed"], "failed": s["failed"], "step_lag_ms": s.get("step_lag_ms")}
+        print(f"quality {policy}: {rows[policy]}", flush=True)
+    return rows
+
+
+def prefix_hits(h: ClusterHandle) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    q = hit = 0.0
+    for url in h.engine_urls.values():
+        for fam in text_string_to_metric_families(urllib.request.urlopen(url + "/metrics").read().decode()):
+            for s in fam.samples:
+                if s.name == "vllm:prefix_cache_queries_total":
+                    q += s.value
+                elif s.name == "vllm:prefix_cache_hits_total":
+                    hit += s.value
+    return hit / q if q else 0.0
+
+
+# -- regions and residency -------------------------------------------------------------------------------
+REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
+
+
+def region_spec(strategy: str) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": f"bench-regions-{strategy}", "time_scale": 1.0, "gpus_per_actor": 4,
+        "regions": [{"name": r} for r in REGIONS],
+        "nodes": [{"name": f"n-{r}", "region": r, "hardware": "h100-80g-sxm", "gpus": 4,
+                   "engines": [{"name": f"e-{r}", "model": "llama-3.1-8b", "replicas": 4}]} for r in REGIONS],
+        "router": {"policy": "kv_aware", "region_strategy": strategy, "region": REGIONS[0]}})
+
+
+def region_workload(n: int, residency: float, seed: int) -> Any:
+    from cluster.loadtest.spec import TraceData
+    from cluster.loadtest.synthetic import SyntheticSpec, generate
+
+    spec = SyntheticSpec.model_validate({
+        "num_requests": n, "rate": 6.0, "input_len": {"kind": "fixed", "mean": 256},
+        "output_len": {"kind": "fixed", "mean": 32}, "prefixes": {"num_prefixes": 24, "prefix_len": 4096},
+        "origin_regions": dict.fromkeys(REGIONS, 1.0), "residency_ratio": residency, "seed": seed})
+    return TraceData("synthetic regions", "synthetic", tuple(generate(spec, np.random.default_rng(seed))),
+                     block_size=16)
+
+
+def cross_region(url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "kvmesh_router_cross_region_total")
+
+
+def regions(quick: bool) -> dict[str, Any]:
+    n = 40 if quick else 150
+    trace = region_workload(n, 0.0, 1)
+    rows: dict[str, Any] = {"requests": n}
+    for strategy in ("ROUND_ROBIN", "REGIONAL", "GLOBAL"):
+        with launch(region_spec(strategy)) as h:
+            s = replay_summary(h.router_url, trace, strategy, 1.0, {"ttft": 1000.0})
+            rows[strategy] = {"prefix_hit_ratio": round(prefix_hits(h), 4), "ttft_ms": s["ttft_ms"],
+                              "cross_region_requests": cross_region(h.router_url), "completed": s["completed"]}
+        print(f"regions {strategy}: {rows[strategy]}", flush=True)
+    # Residency while a region dies: half the requests carry a residency region; eu-west-1 is killed midway.
+    from cluster.loadtest.client import ClientConfig
+    from cluster.loadtest.replay import ReplayConfig
+    from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
+
+    trace = region_workload(n, 0.5, 2)
+    with launch(region_spec("GLOBAL")) as h:
+        region_of = {name: d["region"] for name, d in h.engines.items()}
+        victim = next(name for name, d in h.engines.items() if d["region"] == "eu-west-1")
+        killer = threading.Timer(n / 6.0 / 2.0, h.kill_engine_actor, args=(victim,))
+        killer.start()
+        cfg = LoadTestConfig(name="residency", replay=ReplayConfig(), progress=False, plots=False,
+                             client=ClientConfig(model="llama-3.1-8b"))
+        result = run_sync(run_loadtest(h.router_url, trace, cfg, out_root=None))
+        killer.join()
+        records = result.runs[0].result.records
+    residency = {s.request_id: s.residency_region for s in trace.requests if s.residency_region}
+    served = [(r.request_id, r.worker) for r in records if r.request_id in residency and r.worker]
+    violations = sum(1 for rid, w in served if region_of.get(w.split(":")[0], "?") != residency[rid])
+    rows["residency_run"] = {"tagged_requests": len(residency), "tagged_served": len(served),
+                             "residency_violations": violations, "completed": result.summary["completed"],
+                             "failed": result.summary["failed"], "killed": victim}
+    print(f"residency: {rows['residency_run']}", flush=True)
+    return rows
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--no-sglang", action="store_true", help="do not install or run sgl-router")
+    p.add_argument("--seconds", type=float, default=120.0, help="Mooncake slice length (trace seconds)")
+    p.add_argument("--speed", type=float, default=2.0, help="Mooncake replay speed")
+    args = p.parse_args()
+    sgl_py = None if args.no_sglang else sglang_python(install=not args.quick)
+    tmp = tempfile.mkdtemp(prefix="kvbr-", dir="/tmp")
+    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    result: dict[str, Any] = {"bench": "router", "sglang_router": sgl_py is not None}
+    if sgl_py is None:
+        result["note"] = "sgl-router not available (--no-sglang, or not installed in --quick): its figures are absent"
+    try:
+        result["overhead"] = overhead(args.quick, sgl_py)
+        if not args.quick:
+            result["quality"] = quality(sgl_py, args.seconds, args.speed)
+            result["regions"] = regions(False)
+    finally:
+        ray.shutdown()
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
