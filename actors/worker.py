@@ -8,8 +8,8 @@ never crosses Ray: clients talk HTTP to the engines directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import sys
 from typing import Any
 
 from actors.clock import Clock
@@ -21,16 +21,23 @@ from actors.server import EngineServer
 from config.cluster import ClusterSpec
 from transport import FaultPlan, Site, Topology, TransportOptions, make_transport
 
-GIL_SWITCH_INTERVAL_S = 0.0002
+
+def restore_priority() -> None:
+    """Undo the niceness Ray gives its workers (15 by default), where allowed.
+
+    An emulated GPU must wake on time: at nice 15 a busy load generator or router at nice 0 on the same
+    host takes nearly all the CPU and the engines' step lag explodes. Without the privilege to lower the
+    niceness (not root, no CAP_SYS_NICE) this does nothing; ``launch`` also asks Ray for niceness 0.
+    """
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
 class GpuWorker:
     """Hosts the named engines of ``spec`` (wrapped with ``ray.remote`` by the launcher)."""
 
     def __init__(self, spec_json: str, engine_names: list[str], host: str = "127.0.0.1") -> None:
-        # Ray's own threads share the GIL with the event loop; the default 5 ms switch interval would let
-        # them delay a woken loop by that much (seen as ~10 ms of extra latency per request).
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        restore_priority()
         self.spec = ClusterSpec.model_validate_json(spec_json)
         self.names = engine_names
         self.host = host

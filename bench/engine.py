@@ -16,7 +16,6 @@ import asyncio
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import ray
 
 from actors.cost_model import RooflineCostModel, StepShape, request_colocated
 from bench._common import emit, parser
-from cluster.launch import ClusterHandle, launch
+from cluster.launch import ClusterHandle, launch, start_local_ray
 from config import ClusterSpec, default_catalog
 
 LAG_BOUND_MS = 5.0
@@ -144,8 +143,7 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str
 
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
-    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    start_local_ray()
     result: dict[str, Any] = {"bench": "engine", "lag_bound_ms": LAG_BOUND_MS}
     try:
         plans = [(4, 1.0)] if args.quick else [(4, 1.0), (8, 1.0), (4, 0.5), (4, 2.0), (8, 0.5), (8, 2.0)]

@@ -35,7 +35,7 @@ import numpy as np
 import ray
 
 from bench._common import emit, parser, pct
-from cluster.launch import ClusterHandle, launch
+from cluster.launch import ClusterHandle, launch, start_local_ray
 from config import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,8 +329,7 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=2.0, help="Mooncake replay speed")
     args = p.parse_args()
     sgl_py = None if args.no_sglang else sglang_python(install=not args.quick)
-    tmp = tempfile.mkdtemp(prefix="kvbr-", dir="/tmp")
-    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    start_local_ray()
     result: dict[str, Any] = {"bench": "router", "sglang_router": sgl_py is not None}
     if sgl_py is None:
         result["note"] = "sgl-router not available (--no-sglang, or not installed in --quick): its figures are absent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -97,6 +98,20 @@ def pack_engines(engines: list[EngineInstance], gpus_per_actor: int) -> list[lis
     return groups
 
 
+def start_local_ray(**kwargs: Any) -> str:
+    """Start an embedded Ray instance with a temp dir of its own (never attaching to another one).
+
+    Returns the temp dir (the caller removes it after ``ray.shutdown()``).
+    """
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="kvmesh-ray-", dir="/tmp")
+    # Ray starts its workers at niceness 15; emulated GPUs must not yield to every other process.
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False, **kwargs)
+    return tmp
+
+
 def _init_ray(address: str | None) -> tuple[bool, str | None]:
     import ray
 
@@ -105,9 +120,7 @@ def _init_ray(address: str | None) -> tuple[bool, str | None]:
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
         return True, None
-    tmp = tempfile.mkdtemp(prefix="kvmesh-ray-", dir="/tmp")
-    ray.init(address="local", _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    return True, tmp
+    return True, start_local_ray()
 
 
 def _wait_router_ready(url: str, timeout_s: float) -> None:

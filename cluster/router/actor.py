@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.worker import restore_priority
 from cluster.router.app import RouterServer, RouterSettings
 from cluster.router.view import WorkerInfo
 from config.cluster import ClusterSpec
@@ -23,6 +24,7 @@ def settings_from_spec(spec: ClusterSpec, residency_zone: str | None = None) -> 
 
 class RouterActor:
     def __init__(self, workers: dict[str, dict[str, Any]], spec_json: str, residency_zone: str | None = None) -> None:
+        restore_priority()
         spec = ClusterSpec.model_validate_json(spec_json)
         infos = [WorkerInfo.from_launch(n, d) for n, d in workers.items()]
         self.server = RouterServer(infos, settings_from_spec(spec, residency_zone), host=spec.router.host,
