@@ -121,9 +121,9 @@ def fidelity(h: ClusterHandle, scale: float) -> dict[str, Any]:
 def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str, Any]:
     levels = []
     best: dict[str, Any] | None = None
-    conc = gpus * 2
+    ladder = [c for c in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if c >= gpus // 2]
     duration = 4.0 if quick else 10.0
-    while conc <= (32 if quick else 512):
+    for conc in ladder[:4] if quick else ladder:
         ray.get([w.reset_lag.remote() for w in h.workers])
         r = asyncio.run(closed_loop(h.router_url, conc, duration, conc))
         lag = lag_of(h)
@@ -135,7 +135,6 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str
         if lag["p99"] > LAG_BOUND_MS:
             break
         best = row
-        conc *= 2
     return {"levels": levels, "sustained_rate_tok_s": best["rate_tok_s"] if best else 0.0,
             "sustained_concurrency": best["concurrency"] if best else 0,
             "ideal_rate_at_that_concurrency": best["ideal_rate_tok_s"] if best else 0.0}
