@@ -50,6 +50,8 @@ class _Common(_Lenient):
     user: StrictStr | None = None
     return_token_ids: StrictBool = False
     """vLLM's extension: put ``prompt_token_ids`` in the first chunk and ``token_ids`` in every choice."""
+    output_token_ids: StrictBool = False
+    """kvmesh's (what its router asks for): ``token_ids`` in every choice, but no prompt ids."""
 
 
 class CompletionRequest(_Common):

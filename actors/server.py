@@ -265,7 +265,7 @@ class EngineServer:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 return await self._stream(request, stream, shapes, prompt_ids, include_usage,
-                                          req.return_token_ids)
+                                          req.return_token_ids or req.output_token_ids, req.return_token_ids)
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
@@ -311,11 +311,12 @@ class EngineServer:
                                              stream.seq.num_cached_prompt_tokens, ids if return_ids else None))
 
     async def _stream(self, request: web.Request, stream: RequestStream, shapes: ResponseShapes,
-                      prompt_ids: list[int], include_usage: bool, return_ids: bool) -> web.StreamResponse:
+                      prompt_ids: list[int], include_usage: bool, return_ids: bool,
+                      return_prompt_ids: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         finished = False
         n_out = 0
-        pending_prompt_ids = prompt_ids if return_ids else None
+        pending_prompt_ids = prompt_ids if return_prompt_ids else None
         try:
             await resp.prepare(request)
             first = shapes.first_chunk()

@@ -92,7 +92,8 @@ class RouterSpec(Frozen):
     """Region the router runs in (requests originate there unless they say otherwise)."""
     partition_by_residency: bool = False
     """Run one router per region, each seeing only its region's workers (a residency zone)."""
-    request_timeout_s: PositiveFloat = 600.0
+    request_timeout_s: PositiveFloat = 3600.0
+    """Deadline of one request at the router, emulated seconds."""
     max_attempts: PositiveInt = 3
     max_waiting: PositiveInt | None = None
     """A worker with this many requests queued takes no more; when all are full the router answers 429."""

@@ -50,7 +50,7 @@ from cluster.router.feed import FeedClient
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
 from cluster.router.regions import Topology, global_rank, regional_split
-from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
+from cluster.router.view import STREAM_KEY, ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
 
 RETRYABLE_STATUS = {500, 502, 503, 504}
@@ -404,12 +404,28 @@ class RouterServer:
         return await self._route(request, chat=True)
 
     async def _route(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """Route one request within its deadline (emulated seconds, so a slowed-down cluster keeps it).
+
+        A request past its deadline ends: with a 504 when nothing was sent yet, else with an error event
+        and ``[DONE]`` on the stream it already began, so the client is never left waiting.
+        """
+        limit_s = self.settings.request_timeout_s * self.settings.time_scale
         try:
-            async with asyncio.timeout(self.settings.request_timeout_s):
+            async with asyncio.timeout(limit_s):
                 return await self._route_inner(request, chat)
         except TimeoutError:
             self.metrics.responses.labels("504").inc()
-            return json_error(504, f"request exceeded the router's deadline of {self.settings.request_timeout_s} s")
+            msg = f"request exceeded the router's deadline of {self.settings.request_timeout_s:g} emulated s"
+            resp = request.get(STREAM_KEY)
+            if isinstance(resp, web.StreamResponse) and resp.prepared:
+                try:
+                    await resp.write(sse(error_body(504, msg)))
+                    await resp.write(SSE_DONE)
+                    await resp.write_eof()
+                except DISCONNECTS:
+                    pass
+                return resp
+            return json_error(504, msg)
 
     async def _route_inner(self, request: web.Request, chat: bool) -> web.StreamResponse:
         raw = await request.read()
@@ -465,7 +481,7 @@ class RouterServer:
             # Append the router's needs to the client's own bytes (a later duplicate key wins in JSON
             # parsers), rather than re-encoding a body that may hold a hundred thousand token ids.
             opts = body.get("stream_options")
-            extra = {"return_token_ids": True,
+            extra = {"output_token_ids": True,
                      "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
             payload = splice_json(raw, extra)
         headers = {"Content-Type": "application/json"}
@@ -541,6 +557,7 @@ class RouterServer:
                                                                "X-Served-Region": worker.region})
                 try:
                     await resp.prepare(request)
+                    request[STREAM_KEY] = resp
                     failure = await self._relay(upstream, resp, st)
                     if failure is None:
                         worker.breaker.success()
@@ -664,7 +681,7 @@ class RouterServer:
             await self._finish_stream(resp, st)
             self.metrics.migrations.labels("already_complete").inc()
             return
-        body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "return_token_ids": True,
+        body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "output_token_ids": True,
                                 "ignore_eos": req.ignore_eos,
                                 "stream_options": {"include_usage": True}}
         if remaining is not None:

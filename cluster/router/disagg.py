@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from actors.openai_api import error_body, sse
-from cluster.router.view import RequestContext, WorkerId, WorkerInfo
+from cluster.router.view import STREAM_KEY, RequestContext, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ class DisaggFlow:
                                                            "X-Served-By": decode.name,
                                                            "X-Served-Region": decode.region})
             await sink.prepare(request)
+            request[STREAM_KEY] = sink
         else:
             sink = _Collector()
         if st.chat:
@@ -212,7 +213,7 @@ class DisaggFlow:
         if mode == "push":
             params["decode_address"] = reservation["address"]
         body: dict[str, Any] = {"prompt": ctx.prompt_ids, "max_tokens": 1, "stream": True,
-                                "return_token_ids": True, "stream_options": {"include_usage": True},
+                                "output_token_ids": True, "stream_options": {"include_usage": True},
                                 "kv_transfer_params": params}
         if req.model:
             body["model"] = req.model
@@ -247,7 +248,7 @@ class DisaggFlow:
         if mode == "pull":
             params["prefill_address"] = prefill.extra.get("kv_address")
         body: dict[str, Any] = {"prompt": ctx.prompt_ids, "max_tokens": req.max_tokens, "stream": True,
-                                "return_token_ids": True, "ignore_eos": req.ignore_eos,
+                                "output_token_ids": True, "ignore_eos": req.ignore_eos,
                                 "stream_options": {"include_usage": True}, "kv_transfer_params": params}
         if req.model:
             body["model"] = req.model
@@ -288,7 +289,7 @@ class DisaggFlow:
         if remaining is not None and remaining <= 0:
             st.finished = True
             return
-        body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "return_token_ids": True,
+        body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "output_token_ids": True,
                                 "ignore_eos": req.ignore_eos, "stream_options": {"include_usage": True}}
         if remaining is not None:
             body["max_tokens"] = remaining

@@ -15,6 +15,9 @@ from typing import Any, NewType
 
 WorkerId = NewType("WorkerId", str)
 
+STREAM_KEY = "kvmesh_stream"
+"""Where a request keeps its client stream once it has begun (so a deadline can still end it properly)."""
+
 
 @dataclass
 class Breaker:
