@@ -89,11 +89,11 @@ def ideal_rate(gpus: int, concurrency: int, scale: float) -> float:
     """Output tokens per wall second the cost model allows when each engine decodes its share of the users."""
     cat = default_catalog()
     cm = RooflineCostModel(cat.hardware.get("h100-80g-sxm"), cat.models.get("llama-3.1-8b"), 1)
-    per = max(1, concurrency // gpus)
+    per = -(-concurrency // gpus)  # users on the busiest engine
     step = cm.step(StepShape.of(decodes=[PROMPT + OUTPUT // 2] * per)).total_ms
     prefill = cm.step(StepShape.of(prefills=[(PROMPT, 0)])).total_ms
     per_request_ms = prefill + OUTPUT * step  # an engine's users share its steps
-    return gpus * per * OUTPUT / (per_request_ms / 1000.0) / scale
+    return concurrency * OUTPUT / (per_request_ms / 1000.0) / scale
 
 
 def fidelity(h: ClusterHandle, scale: float) -> dict[str, Any]:
