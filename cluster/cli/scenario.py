@@ -32,9 +32,13 @@ def run(args: argparse.Namespace) -> int:
 
     out = console()
     sc = SCENARIOS[args.name]
+    def checkpoint(partial: dict[str, object]) -> None:
+        if args.out:
+            args.out.write_text(json.dumps(partial, indent=1))
+
     result = sc.run(quick=args.quick, output=args.output_tokens, time_scale=args.time_scale,
                     profiles=tuple(args.profiles.split(",")) if args.profiles else None, load=not args.no_load,
-                    progress=lambda m: out.print(f"[dim]{m}[/dim]"))
+                    progress=lambda m: out.print(f"[dim]{m}[/dim]"), checkpoint=checkpoint)
     for prof in result.get("profiles", []):
         t = Table(title=f"{prof['profile']}: {result['output_tokens']} output tokens, emulated ms "
                         "(predicted | measured)")

@@ -21,6 +21,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,8 +188,11 @@ def load_sweep(case: Case, rates: tuple[float, ...], prompt: int, output: int, r
 
 def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload_scale: float = 1 / 1024,
         seed: int = 0, profiles: tuple[str, ...] | None = None, load: bool = True,
-        rates: tuple[float, ...] = (0.5, 1.0, 2.0), load_requests: int = 40,
-        progress: Any = None) -> dict[str, Any]:
+        rates: tuple[float, ...] = (1.0, 2.0, 3.0), load_requests: int = 24, load_time_scale: float = 2.0,
+        progress: Any = None, checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The sweep (see the module docstring). ``time_scale`` slows the isolated requests so that the
+    real HTTP hops stay small in emulated time; the load sweep runs at ``load_time_scale``.
+    ``checkpoint`` gets the result so far after each profile's part (so a long run leaves something)."""
     say = progress or (lambda m: None)
     prompts = QUICK_PROMPTS if quick else PROMPTS
     cases = [c for c in CASES if profiles is None or c.label in profiles or c.model in profiles]
@@ -231,9 +235,15 @@ def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload
                                      for n in prompts}
         if load and case is cases[0]:
             say(f"{case.label}: rate sweep {rates} req/s, colocated x2 against 1P1D")
+            result["profiles"].append(entry)
+            if checkpoint is not None:
+                checkpoint(result)
             entry["load"] = load_sweep(case, rates if not quick else rates[:1], 4096, output,
-                                       load_requests if not quick else 10, time_scale, payload_scale, seed)
-        result["profiles"].append(entry)
+                                       load_requests if not quick else 10, load_time_scale, payload_scale, seed)
+        else:
+            result["profiles"].append(entry)
+        if checkpoint is not None:
+            checkpoint(result)
     errs = [abs(r["error"][k]) for p in result["profiles"] for r in p["rows"] for k in ("ttft_ms", "e2e_ms")
             if r["error"][k] is not None]
     result["max_abs_error"] = round(max(errs), 4) if errs else None
