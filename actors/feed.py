@@ -7,7 +7,8 @@ Frames (msgpack maps, key ``t`` gives the type):
 - ``kv``: ``seq`` and ``events``: ``["stored", [hash, ...], parent | None]``, ``["removed", [hash, ...]]``,
   ``["cleared"]``. Batches are numbered 1, 2, 3 ... without gaps.
 - ``load``: running, waiting, KV usage, free blocks, step-lag p99, in-flight requests, draining; sent
-  every ``interval_ms`` wall milliseconds, which doubles as the heartbeat.
+  every ``interval_ms`` wall milliseconds whether or not KV events flow meanwhile; it doubles as the
+  heartbeat.
 
 A slow router never slows the engine: each subscriber has a bounded queue; when it overflows the batch is
 dropped for that subscriber only, who then sees a gap and resyncs from a snapshot.
@@ -73,24 +74,36 @@ class FeedPublisher:
         resync = asyncio.Event()
         reader = asyncio.get_running_loop().create_task(self._read(ws, resync))
         pack = msgpack.packb
+        clock = asyncio.get_running_loop().time
+        getter: asyncio.Future[tuple[int, list[list[Any]]]] | None = None
         try:
             await ws.send_bytes(pack(self.snapshot()))
+            last_load = clock()
             while not ws.closed:
                 if resync.is_set():
                     resync.clear()
                     while not q.empty():
                         q.get_nowait()
                     await ws.send_bytes(pack(self.snapshot()))
-                try:
-                    seq, events = await asyncio.wait_for(q.get(), self.interval_s)
-                except TimeoutError:
+                    last_load = clock()
+                # One get outlives the waits: a get cancelled by a timeout can lose the batch it took.
+                if getter is None:
+                    getter = asyncio.ensure_future(q.get())
+                await asyncio.wait((getter,), timeout=max(0.0, last_load + self.interval_s - clock()))
+                if getter.done():
+                    seq, events = getter.result()
+                    getter = None
+                    await ws.send_bytes(pack({"t": "kv", "seq": seq, "events": events}))
+                # Load beats every interval even while KV events stream without pause.
+                if clock() - last_load >= self.interval_s:
                     await ws.send_bytes(pack({"t": "load", **self.load()}))
-                    continue
-                await ws.send_bytes(pack({"t": "kv", "seq": seq, "events": events}))
+                    last_load = clock()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
             self._subs.discard(q)
+            if getter is not None:
+                getter.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader

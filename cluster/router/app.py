@@ -19,6 +19,7 @@ Everything is counted in Prometheus metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -56,6 +57,8 @@ from config.cluster import DisaggSpec
 RETRYABLE_STATUS = {500, 502, 503, 504}
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*([0-9]+)')
+CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*([0-9]+)')
 PREFIX_POLICIES = {"kv_aware", "prefix_hash"}
 
 
@@ -90,6 +93,7 @@ class RouterSettings:
 
 class RouterMetrics:
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.decisions = Counter("kvmesh_router_decisions", "Routing decisions by policy and reason.",
@@ -126,6 +130,14 @@ class RouterMetrics:
         self.w_kv = Gauge("kvmesh_router_worker_kv_usage", "KV cache usage (engine report).", labels, registry=r)
         self.w_healthy = Gauge("kvmesh_router_worker_healthy", "1 when the worker is eligible.", labels,
                                registry=r)
+
+    def inc_labels(self, counter: Counter, *labels: str) -> None:
+        """``counter.labels(*labels).inc()``, with the labelled child kept (the per-request hot path)."""
+        key = (id(counter), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        child.inc()
 
 
 class _UpstreamFailed(Exception):
@@ -211,6 +223,9 @@ class RouterServer:
         self._tokenizers: dict[int, Tokenizer] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.url = ""
         roles = {w.role for w in self.view.workers.values()}
         self.disagg = DisaggFlow(self, s.disagg) if s.disagg is not None and {"prefill", "decode"} <= roles else None
@@ -236,10 +251,16 @@ class RouterServer:
             for w in self.view.workers.values():
                 self._start_feed(w)
         self._runner, self.port = await serve_app(self.app(), self.host, self.port)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deadlines())
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         for f in list(self.feeds.values()):
             await f.stop()
         self.feeds.clear()
@@ -409,12 +430,17 @@ class RouterServer:
         A request past its deadline ends: with a 504 when nothing was sent yet, else with an error event
         and ``[DONE]`` on the stream it already began, so the client is never left waiting.
         """
+        task = asyncio.current_task()
+        assert task is not None
         limit_s = self.settings.request_timeout_s * self.settings.time_scale
+        self._deadlines[task] = asyncio.get_running_loop().time() + limit_s
         try:
-            async with asyncio.timeout(limit_s):
-                return await self._route_inner(request, chat)
-        except TimeoutError:
-            self.metrics.responses.labels("504").inc()
+            return await self._route_inner(request, chat)
+        except asyncio.CancelledError:
+            if task not in self._expired:
+                raise
+            task.uncancel()
+            self.metrics.inc_labels(self.metrics.responses, "504")
             msg = f"request exceeded the router's deadline of {self.settings.request_timeout_s:g} emulated s"
             resp = request.get(STREAM_KEY)
             if isinstance(resp, web.StreamResponse) and resp.prepared:
@@ -426,6 +452,23 @@ class RouterServer:
                     pass
                 return resp
             return json_error(504, msg)
+        finally:
+            del self._deadlines[task]
+            self._expired.discard(task)
+
+    async def _sweep_deadlines(self) -> None:
+        """Cancel the requests past their deadline: one timer for all requests rather than one each
+        (per-request timers cost the hot path more than this sweep does)."""
+        loop = asyncio.get_running_loop()
+        limit_s = self.settings.request_timeout_s * self.settings.time_scale
+        period = min(0.25, max(0.002, limit_s / 100.0))
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for task, deadline in list(self._deadlines.items()):
+                if deadline <= now and task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
 
     async def _route_inner(self, request: web.Request, chat: bool) -> web.StreamResponse:
         raw = await request.read()
@@ -435,7 +478,7 @@ class RouterServer:
             policy = self._policy(request.headers.get("X-Route-Policy"))
             req = RoutedRequest.of(body, chat)
         except ApiError as e:
-            self.metrics.responses.labels(str(e.status)).inc()
+            self.metrics.inc_labels(self.metrics.responses, str(e.status))
             return json_error(e.status, e.message)
         residency = request.headers.get("X-Residency") or body.get("residency")
         origin = request.headers.get("X-Region") or body.get("region") or self.settings.region
@@ -443,21 +486,21 @@ class RouterServer:
         if residency is not None and not isinstance(residency, str):
             return json_error(400, "'residency' must be a region name")
         model = req.model
-        if model is not None and model not in self.view.models():
+        if model is not None and model not in self.view.model_set():
             return json_error(404, f"The model `{model}` does not exist.")
         pool = self.eligible(model, residency)
         if not pool:
             if residency is not None:
-                self.metrics.residency_rejections.labels(residency).inc()
-                self.metrics.responses.labels("503").inc()
+                self.metrics.inc_labels(self.metrics.residency_rejections, residency)
+                self.metrics.inc_labels(self.metrics.responses, "503")
                 return json_error(503, f"no eligible worker in residency region {residency!r}; data residency "
                                        "forbids serving this request anywhere else", {"Retry-After": "1"})
-            self.metrics.responses.labels("503").inc()
+            self.metrics.inc_labels(self.metrics.responses, "503")
             return json_error(503, "no healthy worker can serve this request", {"Retry-After": "1"})
         limit = self.settings.max_waiting
         if limit is not None and all(w.waiting >= limit for w in pool):
             self.metrics.saturated.inc()
-            self.metrics.responses.labels("429").inc()
+            self.metrics.inc_labels(self.metrics.responses, "429")
             return json_error(429, f"every eligible worker has {limit} or more requests waiting",
                               {"Retry-After": "1"})
         ctx = RequestContext(body, session if isinstance(session, str) else None,
@@ -469,7 +512,7 @@ class RouterServer:
             self._overlap(ctx, pool)
         ranked = self.rank(policy, pool, ctx)
         self.metrics.latency.observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels(policy.name, policy.reason).inc()
+        self.metrics.inc_labels(self.metrics.decisions, policy.name, policy.reason)
 
         stream_state = _Stream(chat, req.include_usage, req.max_tokens)
         if self.disagg is not None:
@@ -491,7 +534,7 @@ class RouterServer:
         tried: set[WorkerId] = set()
         for attempt, worker in enumerate(ranked[: self.settings.max_attempts]):
             if attempt:
-                self.metrics.retries.labels("upstream_failure").inc()
+                self.metrics.inc_labels(self.metrics.retries, "upstream_failure")
             tried.add(worker.name)
             policy.on_routed(worker, ctx)
             self._note_routed(worker, ctx)
@@ -500,13 +543,13 @@ class RouterServer:
             except _UpstreamFailed as e:
                 last_error = e.reason
                 self._failed(worker)
-        self.metrics.responses.labels("502").inc()
+        self.metrics.inc_labels(self.metrics.responses, "502")
         return json_error(502, f"every attempt failed; last: {last_error}")
 
     def _note_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
-        self.metrics.selected.labels(worker.name).inc()
+        self.metrics.inc_labels(self.metrics.selected, worker.name)
         if ctx.origin_region is not None and worker.region != ctx.origin_region:
-            self.metrics.cross_region.labels(ctx.origin_region, worker.region).inc()
+            self.metrics.inc_labels(self.metrics.cross_region, ctx.origin_region, worker.region)
         if ctx.block_hashes:
             hit = ctx.overlap.get(worker.name, 0) * worker.block_size
             self.metrics.predicted_hit_tokens.inc(min(hit, max(0, len(ctx.prompt_ids) - 1)))
@@ -515,7 +558,7 @@ class RouterServer:
 
     def _failed(self, worker: WorkerInfo) -> None:
         if worker.breaker.failure(self.view.now()):
-            self.metrics.breaker_opened.labels(worker.name).inc()
+            self.metrics.inc_labels(self.metrics.breaker_opened, worker.name)
 
     async def _remote_wait(self, worker: WorkerInfo, ctx: RequestContext) -> None:
         rtt = self.topology.rtt_ms(ctx.origin_region, worker.region)
@@ -547,7 +590,7 @@ class RouterServer:
                         raise _UpstreamFailed(f"{worker.name}: {type(e).__name__}: {e}") from None
                     self._realized_from_body(data)
                     worker.breaker.success()
-                    self.metrics.responses.labels(str(upstream.status)).inc()
+                    self.metrics.inc_labels(self.metrics.responses, str(upstream.status))
                     return web.Response(body=data, status=upstream.status,
                                         headers={"Content-Type": ctype, "X-Served-By": worker.name,
                                                  "X-Served-Region": worker.region})
@@ -562,12 +605,12 @@ class RouterServer:
                     if failure is None:
                         worker.breaker.success()
                         await self._finish_stream(resp, st)
-                        self.metrics.responses.labels("200").inc()
+                        self.metrics.inc_labels(self.metrics.responses, "200")
                         return resp
                 except DISCONNECTS:
                     # The client left: leaving this block closes the upstream connection, which aborts
                     # the request on the engine.
-                    self.metrics.responses.labels("499").inc()
+                    self.metrics.inc_labels(self.metrics.responses, "499")
                     return resp
         finally:
             worker.inflight -= 1
@@ -576,7 +619,7 @@ class RouterServer:
         try:
             await self._migrate(request, resp, st, ctx, req, {worker.name}, failure)
         except DISCONNECTS:
-            self.metrics.responses.labels("499").inc()
+            self.metrics.inc_labels(self.metrics.responses, "499")
         return resp
 
     async def _relay(self, upstream: aiohttp.ClientResponse, resp: Any, st: _Stream, rewrite: bool = False,
@@ -666,7 +709,7 @@ class RouterServer:
         assert self._session is not None
         candidates = self.eligible(req.model, ctx.residency, exclude)
         if not self.settings.migrate or not candidates:
-            self.metrics.migrations.labels("failed").inc()
+            self.metrics.inc_labels(self.metrics.migrations, "failed")
             await resp.write(sse(error_body(502, f"worker failed mid-stream ({why}) and no other eligible "
                                                  "worker could continue it")))
             await resp.write(SSE_DONE)
@@ -679,7 +722,7 @@ class RouterServer:
         if remaining is not None and remaining <= 0:
             st.finished = True
             await self._finish_stream(resp, st)
-            self.metrics.migrations.labels("already_complete").inc()
+            self.metrics.inc_labels(self.metrics.migrations, "already_complete")
             return
         body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "output_token_ids": True,
                                 "ignore_eos": req.ignore_eos,
@@ -693,7 +736,7 @@ class RouterServer:
             await self._remote_wait(worker, ctx)
             worker.inflight += 1
             worker.sent += 1
-            self.metrics.selected.labels(worker.name).inc()
+            self.metrics.inc_labels(self.metrics.selected, worker.name)
             try:
                 async with self._session.post(worker.url + "/v1/completions", data=payload,
                                               headers={"Content-Type": "application/json"}) as up:
@@ -705,7 +748,7 @@ class RouterServer:
                     st.prompt_tokens = before_prompt
                     if failure is None:
                         worker.breaker.success()
-                        self.metrics.migrations.labels("ok").inc()
+                        self.metrics.inc_labels(self.metrics.migrations, "ok")
                         await self._finish_stream(resp, st)
                         return
                     self._failed(worker)
@@ -717,7 +760,7 @@ class RouterServer:
             if remaining is not None:
                 body["max_tokens"] = st.max_tokens - len(st.token_ids)  # type: ignore[operator]
             payload = json.dumps(body).encode()
-        self.metrics.migrations.labels("failed").inc()
+        self.metrics.inc_labels(self.metrics.migrations, "failed")
         await resp.write(sse(error_body(502, f"worker failed mid-stream ({why}); migration failed too")))
         await resp.write(SSE_DONE)
         await resp.write_eof()
@@ -727,15 +770,13 @@ class RouterServer:
         return sorted(ws, key=lambda w: (w.load, w.name))
 
     def _realized_from_body(self, data: bytes) -> None:
-        try:
-            u = json.loads(data).get("usage") or {}
-        except (ValueError, AttributeError):
-            return
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-        if cached:
-            self.metrics.realized_hit_tokens.inc(cached)
-        if u.get("prompt_tokens"):
-            self.metrics.prompt_tokens.inc(u["prompt_tokens"])
+        """Count a whole answer's prompt and cached tokens (read from its usage, without parsing it all)."""
+        m = PROMPT_TOKENS.search(data)
+        if m:
+            self.metrics.prompt_tokens.inc(int(m.group(1)))
+        m = CACHED_TOKENS.search(data)
+        if m and m.group(1) != b"0":
+            self.metrics.realized_hit_tokens.inc(int(m.group(1)))
 
     def stats(self) -> dict[str, Any]:
         return {w.name: {"inflight": w.inflight, "sent": w.sent} for w in self.view.workers.values()}

@@ -123,11 +123,14 @@ class ClusterView:
         self.cfg = cfg or RoutingConfig()
         self.now = now
         self.workers: dict[WorkerId, WorkerInfo] = {w.name: w for w in workers}
+        self._models: frozenset[str] | None = None
 
     def add(self, w: WorkerInfo) -> None:
         self.workers[w.name] = w
+        self._models = None
 
     def remove(self, name: WorkerId) -> WorkerInfo | None:
+        self._models = None
         return self.workers.pop(name, None)
 
     def healthy(self, w: WorkerInfo) -> bool:
@@ -141,7 +144,13 @@ class ClusterView:
         return self.healthy(w) and w.breaker.allows(self.now())
 
     def models(self) -> list[str]:
-        return sorted({w.model for w in self.workers.values() if w.model})
+        return sorted(self.model_set())
+
+    def model_set(self) -> frozenset[str]:
+        """The models some worker serves (cached; joins and leaves reset it)."""
+        if self._models is None:
+            self._models = frozenset(w.model for w in self.workers.values() if w.model)
+        return self._models
 
     def by_role(self, role: str) -> list[WorkerInfo]:
         return sorted((w for w in self.workers.values() if w.role == role), key=lambda w: w.name)

@@ -246,3 +246,31 @@ def test_partitioned_routers_policy_override_and_saturation() -> None:
         assert statuses[0] == 429 and statuses[1:] == [200] * 4
     finally:
         h.shutdown()
+
+
+def test_a_request_past_its_deadline_ends_cleanly_and_frees_the_engine() -> None:
+    h = launch(spec("rt-deadline", 1, ["us-east-1"], policy="least_loaded", request_timeout_s=0.4))
+    try:
+        body = {"prompt": prompt(32, 7), "max_tokens": 2000, "ignore_eos": True}
+        status, _, events, _ = asyncio.run(stream(h.router_url, body))
+        assert status == 200  # the stream began, so it ends with an error event and [DONE]
+        assert events[-1] == {"done": True}
+        assert "deadline" in events[-2]["error"]["message"]
+        tokens = sum(len(e["choices"][0]["text"]) > 0 for e in events if e.get("choices"))
+        assert 0 < tokens < 2000
+
+        async def plain() -> tuple[int, Any]:
+            async with aiohttp.ClientSession() as s, s.post(h.router_url + "/v1/completions", json=body) as r:
+                return r.status, await r.json()
+
+        code, err = asyncio.run(plain())
+        assert code == 504 and "deadline" in err["error"]["message"]
+        deadline = time.monotonic() + 10
+        while get_json(h.router_url + "/workers")[0]["running"] != 0:  # the engine dropped both requests
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # An ordinary request still goes through afterwards.
+        status, _, events, _ = asyncio.run(stream(h.router_url, {"prompt": [1, 2, 3], "max_tokens": 2}))
+        assert status == 200 and events[-1] == {"done": True}
+    finally:
+        h.shutdown()
