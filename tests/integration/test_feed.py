@@ -9,7 +9,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from actors.engine.kv_blocks import BlockStored
+from actors.engine.kv_blocks import BlockHash, BlockStored
 from actors.feed import FeedPublisher
 from actors.http import serve_app
 from tests.unit.engine.test_engine import engine
@@ -34,7 +34,7 @@ async def test_load_beats_continue_under_a_steady_stream_of_kv_events() -> None:
 
             async def events() -> None:  # a KV batch every 10 ms for 0.4 s: never a 40 ms lull
                 for seq in range(1, 41):
-                    pub._on_kv(seq, [BlockStored((seq,), None, 16)])
+                    pub._on_kv(seq, [BlockStored((BlockHash(seq),), None, 16)])
                     await asyncio.sleep(0.01)
 
             producer = asyncio.create_task(events())
