@@ -14,10 +14,11 @@ the decode engine already held (a prefix hit at reservation) are never sent.
 
 Payloads are real bytes: ``block_tokens x KV bytes per token x kv_payload_scale`` per KV block, views
 into one random buffer (a distinct window per group), checksummed by the transport. KV blocks travel in
-groups of ``group`` consecutive blocks (about 1 MiB of real bytes; group j holds KV blocks
-[j x group, (j + 1) x group)), because a transport frame per 16-token block would cost more than the
-bytes themselves; a push sends only whole groups until the prompt is done. Every transfer is recorded
-(emulated and wall time, bytes, whether the real transport was the bottleneck).
+groups of ``group`` consecutive blocks (the largest power of two that fits 1 MiB of real bytes, at least
+one; group j holds KV blocks [j x group, (j + 1) x group)), because a transport frame per 16-token block
+would cost more than the bytes themselves; a push sends only whole groups until the prompt is done.
+Every transfer is recorded (emulated and wall time, bytes, whether the real transport was the
+bottleneck).
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ class TransferOutcome:
 GROUP_BYTES = 1 << 20
 
 
+def group_blocks(block_bytes: int) -> int:
+    """KV blocks per group: the largest power of two whose real bytes fit ``GROUP_BYTES``.
+
+    A power of two, so that prefill chunks of the usual power-of-two token budgets (2,048 ... 16,384) end on
+    group boundaries and each chunk's blocks go as soon as it is computed: a group a little larger than a
+    chunk would hold every push back by one chunk. Prefill and decode derive it alike from the block size.
+    """
+    fit = max(1, GROUP_BYTES // block_bytes)
+    return 1 << (fit.bit_length() - 1)
+
+
 @dataclass
 class _PushJob:
     rid: RequestId
@@ -85,7 +97,7 @@ class KVConnector:
         self.transport = transport
         self.bs = engine.cfg.block_size
         self.block_bytes = max(1, math.ceil(self.bs * engine.cost.kv_bytes_per_token * payload_scale))
-        self.group = max(1, GROUP_BYTES // self.block_bytes)
+        self.group = group_blocks(self.block_bytes)
         self._noise = np.random.default_rng(0).integers(0, 256, (self.group + 1) * self.block_bytes, dtype=np.uint8)
         self.timeout_ms = timeout_ms
         self.on_record = on_record

@@ -42,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
     for prof in result.get("profiles", []):
         t = Table(title=f"{prof['profile']}: {result['output_tokens']} output tokens, emulated ms "
                         "(predicted | measured)")
-        for col in ("mode", "prompt", "TTFT", "transfer", "end-to-end", "e2e error"):
+        for col in ("mode", "prompt", "TTFT", "transfer", "end-to-end", "TTFT error", "transfer error", "e2e error"):
             t.add_column(col, justify="right" if col != "mode" else "left")
         for r in prof["rows"]:
             p, m = r["predicted"], r["measured"]
             t.add_row(r["mode"], f"{r['prompt']:,}", f"{p['ttft_ms']:,.1f} | {m['ttft_ms']:,.1f}",
                       f"{p['transfer_ms']:,.1f} | {m['transfer_ms']:,.1f}",
-                      f"{p['e2e_ms']:,.1f} | {m['e2e_ms']:,.1f}", f"{100 * (r['error']['e2e_ms'] or 0):+.1f}%")
+                      f"{p['e2e_ms']:,.1f} | {m['e2e_ms']:,.1f}",
+                      *(f"{100 * e:+.1f}%" if (e := r["error"].get(k)) is not None else "-"
+                        for k in ("ttft_ms", "transfer_ms", "e2e_ms")))
         out.print(t)
         for k, v in prof["crossover"].items():
             out.print(f"crossover {k}: analytic {v['analytic_prompt_tokens']}, measured {v['measured_prompt_tokens']}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -165,5 +166,35 @@ def test_pull_hand_off_and_fallback_when_transfers_fail(ray_cluster: object) -> 
         assert [len(t) for t in asyncio.run(main())] == [12] * 6  # no request lost
         assert metric(h.router_url, "kvmesh_router_kv_fallbacks_total", target="prefill") >= 1
         assert_blocks_back(h)
+    finally:
+        h.shutdown()
+
+
+def test_a_decode_engine_killed_before_admission_releases_the_prefill_lease(ray_cluster: object) -> None:
+    """Pull mode: decode dies while the prompt is on prefill; the router finds it gone after the prefill,
+    releases the held blocks and finishes the request on prefill; nothing is lost, nothing leaks."""
+    import ray
+
+    h = launch(pd_spec("pd-kill", "pull", time_scale=4.0))
+    try:
+        async def main() -> list[int]:
+            task = asyncio.create_task(stream(h.router_url, {"prompt": prompt(12_000, 77), "max_tokens": 10,
+                                                             "ignore_eos": True}))
+            await asyncio.sleep(0.4)  # 12,000 tokens at 40 per ms: ~300 emulated ms of prefill, 1.2 s wall
+            h.kill_engine_actor("d")
+            _, events = await task
+            return tokens_of(events)
+
+        assert len(asyncio.run(main())) == 10
+        assert metric(h.router_url, "kvmesh_router_kv_fallbacks_total", target="prefill",
+                      cause="decode_unreachable") == 1
+        prefill = h.workers[h.engine_actor["p"]]
+        for _ in range(100):
+            load = ray.get(prefill.load.remote())["p"]
+            if load["free_blocks"] == load["num_blocks"] and load["running"] == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"prefill blocks not returned: {load}")
     finally:
         h.shutdown()

@@ -10,13 +10,14 @@ def test_isolated_requests_match_the_estimate(ray_cluster: object) -> None:
     rows = result["profiles"][0]["rows"]
     assert {r["mode"] for r in rows} == {"colocated", "rdma", "tcp", "tcp-pull"}
     for r in rows:
-        # End-to-end within 5% on every row; TTFT and transfer where they are long enough that the real
-        # HTTP hops (a few wall ms, divided by the time scale) are not most of them.
+        # Every row within 5%: end-to-end from the run at time scale 5; TTFT and transfer of the short rows
+        # from a run at time scale 100, where the real HTTP hops shrink to a hundredth in emulated time.
+        # A transfer under 2 ms may also be off by 0.1 ms (what a real hop still adds there).
         assert abs(r["error"]["e2e_ms"]) <= 0.05, r
-        if r["predicted"]["ttft_ms"] >= 100:
-            assert abs(r["error"]["ttft_ms"]) <= 0.05, r
-        if r["predicted"]["transfer_ms"] >= 50:
-            assert abs(r["measured"]["transfer_ms"] / r["predicted"]["transfer_ms"] - 1) <= 0.05, r
+        assert abs(r["error"]["ttft_ms"]) <= 0.05, r
+        pred, got = r["predicted"]["transfer_ms"], r["measured"]["transfer_ms"]
+        assert abs(got - pred) <= max(0.05 * pred, 0.1), r
+    assert {r["ttft_time_scale"] for r in rows if r["prompt"] == 512} == {100.0}
     # Over the lessons card's links, disaggregation wins at every swept prompt at this output length.
     colo = {r["prompt"]: r["measured"]["e2e_ms"] for r in rows if r["mode"] == "colocated"}
     for r in rows:
