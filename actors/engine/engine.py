@@ -336,9 +336,17 @@ class Engine:
     def kv_usage(self) -> float:
         return self.kv.usage()
 
+    def prefill_backlog_tokens(self) -> int:
+        """Tokens still to compute before every admitted request has its first token (queued prompts, the
+        rest of running prefills, recomputes after preemption): the prefill work a new arrival waits behind."""
+        sched = self.scheduler
+        return sum(max(0, s.num_tokens - 1 - s.num_computed_tokens)
+                   for s in itertools.chain(sched.waiting, sched.running))
+
     def load(self) -> dict[str, float]:
         lag = self.lag.summary()
         return {"running": self.num_running, "waiting": self.num_waiting, "kv_usage": self.kv_usage(),
+                "prefill_backlog_tokens": self.prefill_backlog_tokens(),
                 "free_blocks": self.kv.pool.num_free, "num_blocks": self.cfg.num_blocks,
                 "lag_p50_ms": lag["p50"], "lag_p99_ms": lag["p99"], "lag_max_ms": lag["max"],
                 "steps": self.steps}

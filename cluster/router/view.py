@@ -67,6 +67,7 @@ class WorkerInfo:
     kv_usage: float = 0.0
     free_blocks: int = 0
     num_blocks: int = 0
+    prefill_backlog_tokens: int = 0
     lag_p99_ms: float = 0.0
     draining: bool = False
     last_seen: float = 0.0
@@ -91,6 +92,7 @@ class WorkerInfo:
         self.waiting = int(load.get("waiting", 0))
         self.kv_usage = float(load.get("kv_usage", 0.0))
         self.free_blocks = int(load.get("free_blocks", 0))
+        self.prefill_backlog_tokens = int(load.get("prefill_backlog_tokens", 0))
         self.num_blocks = int(load.get("num_blocks", self.num_blocks))
         self.lag_p99_ms = float(load.get("lag_p99_ms", 0.0))
         self.draining = bool(load.get("draining", False))

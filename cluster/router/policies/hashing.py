@@ -8,6 +8,7 @@ as the retry order.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import struct
 from collections.abc import Mapping
@@ -47,13 +48,18 @@ class SessionAffinity(PolicyBase):
 
 @register_policy("prefix_hash")
 class PrefixHash(PolicyBase):
-    """Consistent hash of the request's first ``blocks`` KV block hashes (default 4)."""
+    """Consistent hash of the request's first ``prefix_blocks`` KV block hashes (default 4), with bounded
+    loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a worker already holding ``load_factor`` times its
+    share of the requests (default 1.25; 0 turns the bound off) passes the request on along the ranking.
+    Without the bound a prefix every request shares (a system prompt) sends the whole trace to one worker.
+    """
 
     name = "prefix_hash"
     reason = "prefix_hash"
 
     def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
         self.blocks = int(params.get("prefix_blocks", 4))
+        self.load_factor = float(params.get("load_factor", 1.25))
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         head = ctx.block_hashes[: self.blocks]
@@ -61,4 +67,13 @@ class PrefixHash(PolicyBase):
             self.reason = "short_prompt"
             return by_load(candidates)
         self.reason = "prefix_hash"
-        return rendezvous(struct.pack(f"<{len(head)}Q", *head), candidates)
+        ring = rendezvous(struct.pack(f"<{len(head)}Q", *head), candidates)
+        if self.load_factor <= 0:
+            return ring
+        bound = math.ceil(self.load_factor * (sum(w.load for w in candidates) + 1) / len(candidates))
+        for i, w in enumerate(ring):
+            if w.load < bound:
+                if i:
+                    self.reason = "prefix_hash_bounded"
+                return [w, *ring[:i], *ring[i + 1:]]
+        return ring

@@ -1,14 +1,16 @@
 """KV-aware routing: weigh the prefill a worker's cached prefix saves against the load it carries.
 
-For each eligible worker ``w``::
+For each eligible worker ``w``, in KV blocks::
 
-    cost(w) = weight x (request blocks - blocks of the request w already holds)
-              + KV blocks in use on w (reported), less the request's own cached prefix (shared, not new load)
-              + blocks the router sent since that report
+    prefill(w) = request blocks w does not hold yet
+                 + w's prefill backlog (queued prompts and unfinished prefills, reported)
+                 + blocks the router sent w since that report
+    cost(w)    = weight x prefill(w) + KV blocks in use on w (the decode load)
 
-The cheapest worker wins (``temperature`` 0), or one is drawn with probability proportional to
-``exp(-cost / (temperature x mean cost))`` to spread ties and near-ties. The remaining workers follow
-by cost, for retries.
+as NVIDIA Dynamo's KV router scores workers. The cheapest worker wins (``temperature`` 0), or one is drawn
+with probability proportional to ``exp(-cost / (temperature x mean cost))`` to spread ties and near-ties.
+The remaining workers follow by cost, for retries. Without the backlog term the queue a worker already has
+is invisible (its blocks are not allocated yet), and a popular prefix piles requests onto one worker.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class KVAware(PolicyBase):
         self.temperature = float(params.get("temperature", 0.0))
 
     def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
-        hit = ctx.overlap.get(w.name, 0)
-        return self.weight * (ctx.num_blocks - hit) + max(0, w.used_blocks - hit) + w.pending_blocks
+        new = max(0, ctx.num_blocks - ctx.overlap.get(w.name, 0))
+        backlog = w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks
+        return self.weight * (new + backlog) + w.used_blocks
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         costs = {w.name: self.cost(w, ctx) for w in candidates}

@@ -164,3 +164,21 @@ async def test_a_decode_reserves_then_admits_the_prefills_kv_and_continues_its_t
     finally:
         await eng.stop()
         await colocated.stop()
+
+
+async def test_the_prefill_backlog_counts_what_is_left_to_compute() -> None:
+    eng = engine(budget=512, scale=1.0)  # 12.8 ms per 512-token chunk: the poll below sees each step
+    eng.submit(list(range(100, 1100)), 4, ignore_eos=True)
+    eng.submit(list(range(2000, 2300)), 4, ignore_eos=True)
+    assert eng.prefill_backlog_tokens() == 999 + 299  # queued, not started: every prompt token but the last
+    assert eng.load()["prefill_backlog_tokens"] == 1298
+    eng.start()
+    try:
+        while eng.prefill_backlog_tokens() == 1298:
+            await asyncio.sleep(0.001)
+        assert eng.prefill_backlog_tokens() == 1298 - 512  # one 512-token chunk computed
+        while eng.num_running or eng.num_waiting:
+            await asyncio.sleep(0.005)
+        assert eng.prefill_backlog_tokens() == 0
+    finally:
+        await eng.stop()

@@ -69,15 +69,38 @@ def test_prefix_hash_follows_the_first_blocks() -> None:
     assert a is b
 
 
+def test_prefix_hash_bounds_the_load_a_shared_prefix_brings() -> None:
+    """Every request shares its first blocks: the hashed worker takes them until it holds 1.25 times its
+    share, then the next worker in the ranking does; nobody ends with more than the bound."""
+    ws = workers(4)
+    p = make_policy("prefix_hash", params={"prefix_blocks": 2})
+    view = ClusterView(ws)
+    for _ in range(40):
+        first = p.rank(ws, ctx(block_hashes=[1, 2, 3]), view)[0]
+        first.inflight += 1
+    loads = sorted(w.inflight for w in ws)
+    assert sum(loads) == 40 and loads[-1] <= 13 and loads[0] >= 1  # bound ceil(1.25 x 40 / 4) = 13
+    hashed = max(ws, key=lambda w: w.inflight)  # the worker the hash picks took the most
+    pure = make_policy("prefix_hash", params={"prefix_blocks": 2, "load_factor": 0})
+    assert pure.rank(ws, ctx(block_hashes=[1, 2, 3]), view)[0] is hashed  # unbounded: overloaded or not
+
+
 def test_kv_aware_weighs_overlap_against_load() -> None:
     ws = workers(2)
     p = make_policy("kv_aware")
     c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 8, WorkerId("w1"): 0})
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
-    ws[0].free_blocks = 70  # w0 now carries 30 blocks, 8 of them the request's prefix: 2 + 22 > 10 + 0
+    ws[0].free_blocks = 70  # w0 now decodes 30 blocks: 2 to prefill + 30 > 10 + 0
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
+    ws[0].free_blocks = 100
+    ws[0].prefill_backlog_tokens = 16 * 7  # 7 blocks of queued prefill: 2 + 7 < 10, the hit still wins
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
+    ws[0].prefill_backlog_tokens = 16 * 20  # a queue longer than the hit saves: 2 + 20 > 10
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
     p.on_routed(ws[1], c)
     assert ws[1].pending_blocks == 10
+    ws[1].update_load({"free_blocks": 100, "num_blocks": 100, "prefill_backlog_tokens": 160}, 0.0)
+    assert ws[1].pending_blocks == 0 and ws[1].prefill_backlog_tokens == 160  # the report now holds them
 
 
 def test_sglang_cache_aware_prefers_its_tree_then_balances() -> None:
