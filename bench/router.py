@@ -10,7 +10,7 @@ Figures (each beside its same-run baseline):
   cross-region requests for ROUND_ROBIN, REGIONAL and GLOBAL; then a run where one region's workers are
   killed midway: residency violations (must be 0).
 
-``--quick`` measures only the overhead (small counts). sgl-router runs from its own virtualenv
+``--quick`` measures only the overhead (small counts); ``--parts`` and ``--policies`` pick what a full run measures. sgl-router runs from its own virtualenv
 (``.venv-sglang``, created with pip when missing; ``--no-sglang`` skips it, and the figures say so).
 """
 
@@ -216,7 +216,8 @@ def replay_summary(url: str, trace: Any, name: str, speed: float, slos: dict[str
     return run_sync(run_loadtest(url, trace, cfg, out_root=None)).summary
 
 
-def quality(sgl_py: str | None, seconds: float, speed: float) -> dict[str, Any]:
+def quality(sgl_py: str | None, seconds: float, speed: float,
+            policies: tuple[str, ...] = (*POLICIES, "sglang-router")) -> dict[str, Any]:
     from cluster.loadtest.formats import ReadOptions, read_trace
     from cluster.loadtest.schedule import window
     from cluster.loadtest.spec import TraceData
@@ -228,7 +229,7 @@ def quality(sgl_py: str | None, seconds: float, speed: float) -> dict[str, Any]:
     trace = TraceData(str(MOONCAKE), "mooncake", specs, block_size=512)
     slos = {"ttft": 2000.0, "tpot": 50.0}
     rows: dict[str, Any] = {"requests": len(specs), "speed": speed, "slos_ms": slos}
-    for policy in (*POLICIES, *(("sglang-router",) if sgl_py else ())):
+    for policy in (p for p in policies if p != "sglang-router" or sgl_py):
         with launch(quality_spec(policy)) as h:
             url = h.router_url
             sgl = SGLangRouter(sgl_py, list(h.engine_urls.values())) if policy == "sglang-router" and sgl_py else None
@@ -337,16 +338,22 @@ def main() -> None:
     p.add_argument("--no-sglang", action="store_true", help="do not install or run sgl-router")
     p.add_argument("--seconds", type=float, default=90.0, help="Mooncake slice length (trace seconds)")
     p.add_argument("--speed", type=float, default=1.0, help="Mooncake replay speed")
+    p.add_argument("--parts", default="overhead,quality,regions", help="which parts to run (comma-separated)")
+    p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
+                   help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
+    parts = set(args.parts.split(","))
     sgl_py = None if args.no_sglang else sglang_python(install=not args.quick)
     start_local_ray()
     result: dict[str, Any] = {"bench": "router", "sglang_router": sgl_py is not None}
     if sgl_py is None:
         result["note"] = "sgl-router not available (--no-sglang, or not installed in --quick): its figures are absent"
     try:
-        result["overhead"] = overhead(args.quick, sgl_py)
-        if not args.quick:
-            result["quality"] = quality(sgl_py, args.seconds, args.speed)
+        if "overhead" in parts:
+            result["overhead"] = overhead(args.quick, sgl_py)
+        if not args.quick and "quality" in parts:
+            result["quality"] = quality(sgl_py, args.seconds, args.speed, tuple(args.policies.split(",")))
+        if not args.quick and "regions" in parts:
             result["regions"] = regions(False)
     finally:
         ray.shutdown()
