@@ -10,8 +10,9 @@ Figures (each beside its same-run baseline):
   cross-region requests for ROUND_ROBIN, REGIONAL and GLOBAL; then a run where one region's workers are
   killed midway: residency violations (must be 0).
 
-``--quick`` measures only the overhead (small counts); ``--parts`` and ``--policies`` pick what a full run measures. sgl-router runs from its own virtualenv
-(``.venv-sglang``, created with pip when missing; ``--no-sglang`` skips it, and the figures say so).
+``--quick`` measures only the overhead (small counts); ``--parts`` and ``--policies`` pick what a full run
+measures. sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing;
+``--no-sglang`` skips it, and the figures say so).
 """
 
 from __future__ import annotations
