@@ -87,7 +87,7 @@ def test_prefix_hash_bounds_the_load_a_shared_prefix_brings() -> None:
 
 def test_kv_aware_weighs_overlap_against_load() -> None:
     ws = workers(2)
-    p = make_policy("kv_aware")
+    p = make_policy("kv_aware", params={"overlap_weight": 1.0})
     c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 8, WorkerId("w1"): 0})
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
     ws[0].free_blocks = 70  # w0 now decodes 30 blocks: 2 to prefill + 30 > 10 + 0
@@ -99,6 +99,11 @@ def test_kv_aware_weighs_overlap_against_load() -> None:
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
     p.on_routed(ws[1], c)
     assert ws[1].pending_blocks == 10
+    ws[1].pending_blocks = 0
+    # By default a queued prefill block weighs 8 decode blocks: 2 to prefill beats 10 despite 60 decoding.
+    ws[0].prefill_backlog_tokens, ws[0].free_blocks = 0, 40
+    assert make_policy("kv_aware").rank(ws, c, ClusterView(ws))[0].name == "w0"
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"  # at weight 1: 2 + 60 > 10
     ws[1].update_load({"free_blocks": 100, "num_blocks": 100, "prefill_backlog_tokens": 160}, 0.0)
     assert ws[1].pending_blocks == 0 and ws[1].prefill_backlog_tokens == 160  # the report now holds them
 
