@@ -16,7 +16,6 @@ after the KV arrived. ``--quick`` replays fewer requests and runs only the push 
 from __future__ import annotations
 
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench._common import emit, parser
-from cluster.launch import ClusterHandle, launch, start_local_ray
+from cluster.launch import launch, start_local_ray
 from cluster.loadtest.metrics import stats
+from cluster.loadtest.scrape import parse_metrics
 from config import ClusterSpec
 
 TIME_SCALE = 2.0
@@ -64,24 +63,9 @@ def trace(n: int, seed: int) -> Any:
 
 
 def samples(url: str, name: str) -> dict[str, float]:
-    """Every sample of one metric, keyed by its labels (``k=v,...``)."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name:
-                key = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) or "all"
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def blocks_back(h: ClusterHandle, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(v["free_blocks"] == v["num_blocks"] and v["running"] == 0 for v in h.load().values()):
-            return True
-        time.sleep(0.1)
-    return False
+    """Every series of one metric (``_total`` left off), keyed by its labels (``k=v,...``)."""
+    page = parse_metrics(urllib.request.urlopen(url + "/metrics").read().decode())
+    return {",".join(f"{k}={v}" for k, v in key) or "all": value for key, value in page.series(name).items()}
 
 
 def brief(stats: dict[str, float | None]) -> dict[str, float | None]:
@@ -103,10 +87,10 @@ def replay(label: str, cluster: ClusterSpec, data: Any) -> dict[str, Any]:
         row = {"requests": len(data.requests), "completed": s["completed"], "failed": s["failed"],
                **{k: brief(s[k]) for k in ("ttft_ms", "itl_ms", "e2e_ms")},
                "handoff_gap_ms": brief(stats(gaps)),
-               "fallbacks": samples(h.router_url, "kvmesh_router_kv_fallbacks_total"),
-               "decisions": samples(h.router_url, "kvmesh_router_disagg_decisions_total"),
-               "transfers": {e: samples(u, "kvmesh:kv_transfers_total") for e, u in h.engine_urls.items()},
-               "blocks_back_to_baseline": blocks_back(h)}
+               "fallbacks": samples(h.router_url, "kvmesh_router_kv_fallbacks"),
+               "decisions": samples(h.router_url, "kvmesh_router_disagg_decisions"),
+               "transfers": {e: samples(u, "kvmesh:kv_transfers") for e, u in h.engine_urls.items()},
+               "blocks_back_to_baseline": h.blocks_returned(20.0)}
     row["lost"] = row["requests"] - row["completed"]
     print(f"{label}: {row}", flush=True)
     return row

@@ -3,7 +3,7 @@
 ``launch(spec)`` starts (or attaches to) Ray, places the GPU worker actors (``num_cpus=0``; engines
 packed ``gpus_per_actor`` GPUs to an actor), waits until every engine answers ``/health``, starts the
 router actor, and returns a ``ClusterHandle``. ``handle.shutdown()`` stops exactly what it started: its
-actors, and the Ray instance only when it started it (never ``ray stop``, never other people's work).
+actors by handle, and the Ray instance only when it started it; nothing else on the host is touched.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ class ClusterHandle:
         for part in ray.get([w.load.remote() for w in self.workers], timeout=30):
             out.update(part)
         return out
+
+    def blocks_returned(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every engine is idle with all its KV blocks free (no leak); False if not by then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if all(v["free_blocks"] == v["num_blocks"] and v["running"] == 0 for v in self.load().values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def shutdown(self) -> None:
         import ray

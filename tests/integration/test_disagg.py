@@ -66,14 +66,7 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 def assert_blocks_back(h: ClusterHandle) -> None:
-    import time
-
-    for _ in range(100):
-        load = h.load()
-        if all(v["free_blocks"] == v["num_blocks"] and v["running"] == 0 for v in load.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"blocks not returned: {h.load()}")
+    assert h.blocks_returned(), f"blocks not returned: {h.load()}"
 
 
 def prompt(n: int, base: int) -> list[int]:
