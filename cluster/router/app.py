@@ -195,6 +195,19 @@ class _Stream:
     finished: bool = False
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
+    owed_to: WorkerInfo | None = None
+    prefill_owed: int = 0
+
+    def owe(self, worker: WorkerInfo, blocks: int) -> None:
+        """``worker`` has ``blocks`` of this prompt to prefill until its first token comes back."""
+        self.settle()
+        self.owed_to, self.prefill_owed = worker, blocks
+        worker.prefilling_blocks += blocks
+
+    def settle(self) -> None:
+        if self.owed_to is not None:
+            self.owed_to.prefilling_blocks -= self.prefill_owed
+            self.owed_to, self.prefill_owed = None, 0
 
 
 class RouterServer:
@@ -326,7 +339,8 @@ class RouterServer:
             "name": w.name, "url": w.url, "role": w.role, "region": w.region, "node": w.node, "model": w.model,
             "hardware": w.hardware, "inflight": w.inflight, "sent": w.sent, "running": w.running,
             "waiting": w.waiting, "kv_usage": w.kv_usage, "free_blocks": w.free_blocks,
-            "num_blocks": w.num_blocks, "lag_p99_ms": w.lag_p99_ms, "healthy": self.view.healthy(w),
+            "num_blocks": w.num_blocks, "prefill_backlog_tokens": w.prefill_backlog_tokens,
+            "prefilling_blocks": w.prefilling_blocks, "lag_p99_ms": w.lag_p99_ms, "healthy": self.view.healthy(w),
             "eligible": self.view.eligible(w), "breaker": w.breaker.state, "feed": w.feed_connected,
             "indexed_blocks": self.index.blocks_of(w.name)} for w in self.view.workers.values()])
 
@@ -573,6 +587,7 @@ class RouterServer:
         await self._remote_wait(worker, ctx)
         worker.inflight += 1
         worker.sent += 1
+        st.owe(worker, max(0, ctx.num_blocks - ctx.overlap.get(worker.name, 0)))
         try:
             try:
                 upstream = await self._session.post(worker.url + request.path, data=payload, headers=headers)
@@ -614,6 +629,7 @@ class RouterServer:
                     return resp
         finally:
             worker.inflight -= 1
+            st.settle()
         # The worker died mid-stream: the client holds part of the answer, so continue it elsewhere.
         self._failed(worker)
         try:
@@ -661,6 +677,7 @@ class RouterServer:
             return b""  # re-emitted with the whole stream's counts by _finish_stream
         m = TOKEN_IDS.search(data)
         if m and m.group(1):
+            st.settle()
             st.token_ids.extend(int(x) for x in m.group(1).split(b","))
         if b'"finish_reason":"' in data and final:
             st.finished = True

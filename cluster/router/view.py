@@ -76,6 +76,9 @@ class WorkerInfo:
     inflight: int = 0
     sent: int = 0
     pending_blocks: int = 0
+    prefilling_blocks: int = 0
+    """Prompt blocks this router sent the worker whose first token it has not seen yet: exact and current,
+    where the reported backlog is up to a beat old and misses requests still on the wire."""
     breaker: Breaker = field(default_factory=Breaker)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -112,6 +112,8 @@ def test_kv_events_steer_a_shared_prefix_to_the_worker_that_holds_it() -> None:
             hits.append(hk["X-Served-By"])
         assert hits == [served] * 3
         assert warm < cold  # the cached 2,000 tokens are not prefilled again
+        # Every prompt the router counted as awaiting its first token was settled.
+        assert all(w["prefilling_blocks"] == 0 for w in get_json(h.router_url + "/workers"))
         text = urllib.request.urlopen(h.router_url + "/metrics").read().decode()
         fams = {f.name: f for f in text_string_to_metric_families(text)}
         predicted = sum(s.value for s in fams["kvmesh_router_predicted_prefix_hit_tokens"].samples

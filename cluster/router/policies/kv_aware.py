@@ -3,8 +3,9 @@
 For each eligible worker ``w``, in KV blocks::
 
     prefill(w) = request blocks w does not hold yet
-                 + w's prefill backlog (queued prompts and unfinished prefills, reported)
-                 + blocks the router sent w since that report
+                 + max(w's prefill backlog (queued prompts and unfinished prefills, reported)
+                       + blocks the router sent w since that report,
+                       blocks of prompts the router sent w whose first token it has not seen)
     cost(w)    = weight x prefill(w) + KV blocks in use on w (the decode load)
 
 as NVIDIA Dynamo's KV router scores workers, with ``overlap_weight`` (default 8, where Dynamo's is 1): a
@@ -14,7 +15,10 @@ a long prefill queue and TTFT p50 was worse than round robin's. The cheapest wor
 or one is drawn with probability proportional to ``exp(-cost / (temperature x mean cost))`` to spread ties and
 near-ties. The remaining workers follow by cost, for retries. Without the backlog term the queue a worker
 already has is invisible (its blocks are not allocated yet), and a popular prefix piles requests onto one
-worker.
+worker. The router's own count of prompts awaiting their first token is exact and current, where a report is up
+to a beat old and misses a request still on the wire (a beat that lands between the send and the engine's
+receipt clears the pending count without showing the request): with one router the larger of the two is the
+truth, with several the report covers the others' requests.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class KVAware(PolicyBase):
 
     def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
         new = max(0, ctx.num_blocks - ctx.overlap.get(w.name, 0))
-        backlog = w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks
+        backlog = max(w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks, w.prefilling_blocks)
         return self.weight * (new + backlog) + w.used_blocks
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:

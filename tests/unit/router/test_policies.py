@@ -108,6 +108,20 @@ def test_kv_aware_weighs_overlap_against_load() -> None:
     assert ws[1].pending_blocks == 0 and ws[1].prefill_backlog_tokens == 160  # the report now holds them
 
 
+def test_kv_aware_counts_prompts_awaiting_their_first_token_when_the_report_misses_them() -> None:
+    ws = workers(2)
+    p = make_policy("kv_aware")
+    c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 4, WorkerId("w1"): 0})
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
+    # A beat cleared w0's pending count before the engine had queued the 30 blocks the router sent it.
+    ws[0].prefilling_blocks = 30
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
+    # A report that shows more than the router's own count (another router's requests) wins.
+    ws[0].prefilling_blocks, ws[1].prefilling_blocks = 0, 5
+    ws[0].prefill_backlog_tokens = 16 * 10
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"  # 6 + 10 > 10 + 5
+
+
 def test_sglang_cache_aware_prefers_its_tree_then_balances() -> None:
     ws = workers(2)
     p = make_policy("sglang_cache_aware", params={"balance_abs_threshold": 2, "balance_rel_threshold": 1.5})
