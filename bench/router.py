@@ -100,7 +100,8 @@ def small_spec(n: int, scale: float) -> ClusterSpec:
         "router": {"policy": "least_loaded"}})
 
 
-async def latencies(targets: list[str], concurrency: int, n: int) -> list[float]:
+async def latencies(targets: list[str], concurrency: int, n: int,
+                    session: aiohttp.ClientSession | None = None) -> list[float]:
     """Wall ms of ``n`` one-token requests (text prompt, with a model name) at ``concurrency``."""
     out: list[float] = []
     counter = iter(range(n))
@@ -117,9 +118,30 @@ async def latencies(targets: list[str], concurrency: int, n: int) -> list[float]
                     raise RuntimeError(f"{url}: HTTP {r.status}")
             out.append((time.perf_counter() - t0) * 1000.0)
 
+    if session is not None:
+        await asyncio.gather(*(user(session, k) for k in range(concurrency)))
+        return out
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         await asyncio.gather(*(user(s, k) for k in range(concurrency)))
     return out
+
+
+async def interleaved(paths: dict[str, list[str]], concurrency: int, n: int, rounds: int = 6) -> dict[str, list[float]]:
+    """``n`` requests per path at ``concurrency``, in rounds of each path in turn, so the host's drift
+    (this VM's speed wanders by tens of percent over a minute) weighs on every path alike. One warm
+    connection pool per path: no connect in the figures."""
+    sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
+    try:
+        for name, targets in paths.items():
+            await latencies(targets, concurrency, concurrency * 4, sessions[name])
+        samples: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(rounds):
+            for name, targets in paths.items():
+                samples[name] += await latencies(targets, concurrency, n // rounds, sessions[name])
+        return samples
+    finally:
+        for s in sessions.values():
+            await s.close()
 
 
 def rate(targets: list[str], concurrency: int, seconds: float) -> float:
@@ -155,11 +177,9 @@ def overhead(quick: bool, sgl_py: str | None) -> dict[str, Any]:
             paths = {"direct": engines, "kvmesh": [h.router_url]}
             if sgl is not None:
                 paths["sglang"] = [sgl.url]
-            for conc, n in ((1, 40 if quick else 300), (32, 96 if quick else 1200)):
-                row: dict[str, Any] = {}
-                for name, targets in paths.items():
-                    asyncio.run(latencies(targets, conc, 10))  # warm connections
-                    row[name] = pct(asyncio.run(latencies(targets, conc, n)))
+            for conc, n in ((1, 60 if quick else 600), (32, 192 if quick else 1920)):
+                samples = asyncio.run(interleaved(paths, conc, n))
+                row: dict[str, Any] = {name: pct(v) for name, v in samples.items()}
                 for name in ("kvmesh", "sglang"):
                     if name in row:
                         row[f"{name}_added_p50_ms"] = round(row[name]["p50"] - row["direct"]["p50"], 3)

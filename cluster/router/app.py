@@ -51,10 +51,12 @@ from cluster.router.feed import FeedClient
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
 from cluster.router.regions import Topology, global_rank, regional_split
+from cluster.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from cluster.router.view import STREAM_KEY, ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
 
 RETRYABLE_STATUS = {500, 502, 503, 504}
+JSON_HEADERS = {"Content-Type": "application/json"}
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*([0-9]+)')
@@ -236,6 +238,7 @@ class RouterServer:
         self._tokenizers: dict[int, Tokenizer] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.upstream = UpstreamPool(connect_timeout_s=5.0)
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -283,6 +286,7 @@ class RouterServer:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self.upstream.close()
 
     def _start_feed(self, w: WorkerInfo) -> None:
         assert self._session is not None
@@ -583,26 +587,28 @@ class RouterServer:
                        stream: bool, st: _Stream, ctx: RequestContext,
                        req: RoutedRequest) -> web.StreamResponse:
         """One worker's answer relayed to the client; raises _UpstreamFailed before any byte was sent."""
-        assert self._session is not None
         await self._remote_wait(worker, ctx)
         worker.inflight += 1
         worker.sent += 1
         st.owe(worker, max(0, ctx.num_blocks - ctx.overlap.get(worker.name, 0)))
         try:
             try:
-                upstream = await self._session.post(worker.url + request.path, data=payload, headers=headers)
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                raise _UpstreamFailed(f"{worker.name}: {type(e).__name__}: {e}") from None
+                upstream = await self.upstream.post(worker.url, request.path, payload, headers)
+            except UpstreamError as e:
+                raise _UpstreamFailed(f"{worker.name}: {e}") from None
             async with upstream:
                 if upstream.status in RETRYABLE_STATUS:
-                    text = await upstream.text()
+                    try:
+                        text = await upstream.text()
+                    except UpstreamError as e:
+                        text = str(e)
                     raise _UpstreamFailed(f"{worker.name}: HTTP {upstream.status}: {text[:200]}")
-                ctype = upstream.headers.get("Content-Type", "application/json")
+                ctype = upstream.headers.get("content-type", "application/json")
                 if not stream or not ctype.startswith("text/event-stream"):
                     try:
                         data = await upstream.read()
-                    except (aiohttp.ClientError, OSError) as e:
-                        raise _UpstreamFailed(f"{worker.name}: {type(e).__name__}: {e}") from None
+                    except UpstreamError as e:
+                        raise _UpstreamFailed(f"{worker.name}: {e}") from None
                     self._realized_from_body(data)
                     worker.breaker.success()
                     self.metrics.inc_labels(self.metrics.responses, str(upstream.status))
@@ -638,24 +644,27 @@ class RouterServer:
             self.metrics.inc_labels(self.metrics.responses, "499")
         return resp
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, resp: Any, st: _Stream, rewrite: bool = False,
+    async def _relay(self, upstream: UpstreamResponse, resp: Any, st: _Stream, rewrite: bool = False,
                      final: bool = True) -> str | None:
         """Relay SSE events until the upstream's [DONE]; return why the stream broke, or None when it
         completed. ``final`` False: this upstream answers only part of the request (a prefill's first
-        token), so its finish is not the client's."""
+        token), so its finish is not the client's. A client that went away raises (``DISCONNECTS``)."""
         buf = b""
-        try:
-            async for chunk in upstream.content.iter_any():
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    if event == b"data: [DONE]":
-                        return None if st.finished or not final else "the stream ended before its last token"
-                    out = self._on_event(event, st, rewrite, final)
-                    if out:
-                        await resp.write(out)
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as e:
-            return f"{type(e).__name__}: {e}"
+        while True:
+            try:
+                chunk = await upstream.chunk()
+            except UpstreamError as e:
+                return str(e)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                if event == b"data: [DONE]":
+                    return None if st.finished or not final else "the stream ended before its last token"
+                out = self._on_event(event, st, rewrite, final)
+                if out:
+                    await resp.write(out)
         return None if st.finished else "the stream ended before its last token"
 
     def _on_event(self, event: bytes, st: _Stream, rewrite: bool, final: bool = True) -> bytes:
@@ -723,7 +732,6 @@ class RouterServer:
     async def _migrate(self, request: web.Request, resp: web.StreamResponse, st: _Stream, ctx: RequestContext,
                        req: RoutedRequest, exclude: set[WorkerId], why: str) -> None:
         """Continue a broken stream on another eligible worker: prompt + streamed tokens, remaining budget."""
-        assert self._session is not None
         candidates = self.eligible(req.model, ctx.residency, exclude)
         if not self.settings.migrate or not candidates:
             self.metrics.inc_labels(self.metrics.migrations, "failed")
@@ -755,8 +763,7 @@ class RouterServer:
             worker.sent += 1
             self.metrics.inc_labels(self.metrics.selected, worker.name)
             try:
-                async with self._session.post(worker.url + "/v1/completions", data=payload,
-                                              headers={"Content-Type": "application/json"}) as up:
+                async with await self.upstream.post(worker.url, "/v1/completions", payload, JSON_HEADERS) as up:
                     if up.status != 200:
                         self._failed(worker)
                         continue
@@ -769,7 +776,7 @@ class RouterServer:
                         await self._finish_stream(resp, st)
                         return
                     self._failed(worker)
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            except UpstreamError:
                 self._failed(worker)
             finally:
                 worker.inflight -= 1

@@ -26,11 +26,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from actors.openai_api import error_body, sse
+from cluster.router.upstream import UpstreamError, UpstreamResponse
 from cluster.router.view import STREAM_KEY, RequestContext, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
 
@@ -159,10 +159,9 @@ class DisaggFlow:
         return sink
 
     async def _post(self, w: WorkerInfo, path: str, body: dict[str, Any],
-                    headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
-        assert self.server._session is not None
-        return await self.server._session.post(w.url + path, data=json.dumps(body).encode(),
-                                               headers={"Content-Type": "application/json", **(headers or {})})
+                    headers: dict[str, str] | None = None) -> UpstreamResponse:
+        return await self.server.upstream.post(w.url, path, json.dumps(body).encode(),
+                                               {"Content-Type": "application/json", **(headers or {})})
 
     async def _reserve(self, decodes: list[WorkerInfo], rid: str, ctx: RequestContext,
                        req: RoutedRequest) -> tuple[WorkerInfo | None, dict[str, Any] | None]:
@@ -178,10 +177,11 @@ class DisaggFlow:
                         if r.status == 200:
                             self.metrics.reserve_wait.observe(time.monotonic() - t0)
                             return w, await r.json()
+                        await r.read()  # the connection stays reusable
                         if r.status == 409:
                             self.metrics.reserve_rejections.inc()
                             continue
-                except (aiohttp.ClientError, OSError, TimeoutError):
+                except UpstreamError:
                     self.server._failed(w)
             if time.monotonic() + delay > deadline:
                 return None, None
@@ -189,18 +189,17 @@ class DisaggFlow:
             delay = min(0.1, delay * 2)
 
     async def _cancel(self, decode: WorkerInfo, rid: str) -> None:
-        assert self.server._session is not None
         try:
-            async with self.server._session.delete(f"{decode.url}/kvmesh/reserve/{rid}"):
-                pass
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            async with await self.server.upstream.request("DELETE", decode.url, f"/kvmesh/reserve/{rid}") as r:
+                await r.read()
+        except UpstreamError:
             pass
 
     async def _release(self, prefill: WorkerInfo, rid: str) -> None:
         try:
-            async with await self._post(prefill, f"/kvmesh/release/{rid}", {}):
-                pass
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            async with await self._post(prefill, f"/kvmesh/release/{rid}", {}) as r:
+                await r.read()
+        except UpstreamError:
             pass
 
     async def _prefill(self, prefills: list[WorkerInfo], rid: str, ctx: RequestContext, req: RoutedRequest,
@@ -234,7 +233,7 @@ class DisaggFlow:
                         st.finished = req.max_tokens == 1
                         return w
                     self.server._failed(w)
-            except (aiohttp.ClientError, OSError, TimeoutError):
+            except UpstreamError:
                 self.server._failed(w)
             finally:
                 w.inflight -= 1
@@ -270,7 +269,7 @@ class DisaggFlow:
                     target = prefill if self.spec.on_transfer_failure == "prefill" else decode
                 else:
                     cause, target = f"decode_http_{up.status}", prefill
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except UpstreamError:
             cause, target = "decode_unreachable", prefill
         finally:
             decode.inflight -= 1
@@ -301,7 +300,7 @@ class DisaggFlow:
             async with await self._post(w, "/v1/completions", body) as up:
                 if up.status == 200 and await self.server._relay(up, sink, st, rewrite=True) is None:
                     return
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except UpstreamError:
             pass
         finally:
             w.inflight -= 1
