@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.worker import restore_priority
+from actors.worker import freeze_heap, restore_priority
 from cluster.router.app import RouterServer, RouterSettings
 from cluster.router.view import WorkerInfo
 from config.cluster import ClusterSpec
@@ -31,7 +31,9 @@ class RouterActor:
                                    port=spec.router.port if residency_zone is None else 0)
 
     async def start(self) -> str:
-        return await self.server.start()
+        url = await self.server.start()
+        freeze_heap()
+        return url
 
     async def stats(self) -> dict[str, Any]:
         return self.server.stats()
