@@ -92,6 +92,21 @@ class SGLangRouter:
 
 
 # -- overhead ----------------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children so far (``/proc``)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_rate(pids: dict[str, int], seconds: float = 2.0) -> dict[str, float]:
+    """CPU seconds per second each process burns with no request (Ray's threads, feeds, health checks)."""
+    c0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    time.sleep(seconds)
+    return {k: (cpu_seconds(p) - c0[k]) / seconds for k, p in pids.items()}
+
+
 def small_spec(n: int, scale: float) -> ClusterSpec:
     return ClusterSpec.model_validate({
         "name": "bench-router", "time_scale": scale,
@@ -177,9 +192,20 @@ def overhead(quick: bool, sgl_py: str | None) -> dict[str, Any]:
             paths = {"direct": engines, "kvmesh": [h.router_url]}
             if sgl is not None:
                 paths["sglang"] = [sgl.url]
+            pids = {"kvmesh": ray.get(next(iter(h.routers.values())).pid.remote())}
+            if sgl is not None:
+                pids["sglang"] = sgl.proc.pid
+            idle = idle_cpu_rate(pids)
             for conc, n in ((1, 60 if quick else 600), (32, 192 if quick else 1920)):
+                c0 = {k: cpu_seconds(p) for k, p in pids.items()}
+                t0 = time.monotonic()
                 samples = asyncio.run(interleaved(paths, conc, n))
+                wall = time.monotonic() - t0
                 row: dict[str, Any] = {name: pct(v) for name, v in samples.items()}
+                # The router's CPU per request it proxied, less what it burns idle over the same time.
+                row["router_cpu_ms_per_request"] = {
+                    k: round((cpu_seconds(p) - c0[k] - idle[k] * wall) / len(samples[k]) * 1000.0, 3)
+                    for k, p in pids.items()}
                 for name in ("kvmesh", "sglang"):
                     if name in row:
                         row[f"{name}_added_p50_ms"] = round(row[name]["p50"] - row["direct"]["p50"], 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from actors.worker import freeze_heap, restore_priority
@@ -34,6 +35,9 @@ class RouterActor:
         url = await self.server.start()
         freeze_heap()
         return url
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     async def stats(self) -> dict[str, Any]:
         return self.server.stats()

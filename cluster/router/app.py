@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 
 from actors.cost_model import RooflineCostModel, StepShape
 from actors.engine.kv_blocks import hash_request_blocks
@@ -48,6 +48,7 @@ from actors.openai_api import (
 )
 from cluster.router.disagg import DisaggFlow
 from cluster.router.feed import FeedClient
+from cluster.router.metrics import RouterMetrics
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
 from cluster.router.regions import Topology, global_rank, regional_split
@@ -91,55 +92,6 @@ class RouterSettings:
     seed: int = 0
     disagg: DisaggSpec | None = None
     """How to serve through prefill and decode engines, when the cluster has them."""
-
-
-class RouterMetrics:
-    def __init__(self) -> None:
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.decisions = Counter("kvmesh_router_decisions", "Routing decisions by policy and reason.",
-                                 ["policy", "reason"], registry=r)
-        self.selected = Counter("kvmesh_router_selected", "Requests sent to each worker.", ["worker"], registry=r)
-        self.responses = Counter("kvmesh_router_responses", "Responses by status code.", ["status"], registry=r)
-        self.retries = Counter("kvmesh_router_retries", "Attempts that moved to another worker.", ["reason"],
-                               registry=r)
-        self.migrations = Counter("kvmesh_router_migrations", "Streams moved to another worker mid-flight.",
-                                  ["outcome"], registry=r)
-        self.residency_rejections = Counter("kvmesh_router_residency_rejections",
-                                            "Requests refused because no worker in their residency region "
-                                            "could serve them.", ["region"], registry=r)
-        self.saturated = Counter("kvmesh_router_saturated", "Requests refused with 429 (all workers full).",
-                                 registry=r)
-        self.cross_region = Counter("kvmesh_router_cross_region", "Requests served outside their origin region.",
-                                    ["origin", "served"], registry=r)
-        self.predicted_hit_tokens = Counter("kvmesh_router_predicted_prefix_hit_tokens",
-                                            "Prompt tokens the index predicted the chosen worker holds.", registry=r)
-        self.realized_hit_tokens = Counter("kvmesh_router_realized_prefix_hit_tokens",
-                                           "Prompt tokens the engines reported as prefix-cache hits.", registry=r)
-        self.prompt_tokens = Counter("kvmesh_router_prompt_tokens", "Prompt tokens routed.", registry=r)
-        self.latency = Histogram("kvmesh_router_routing_seconds", "Wall time to choose a worker.",
-                                 buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2), registry=r)
-        self.breaker_opened = Counter("kvmesh_router_breaker_opened", "Circuit breakers opened.", ["worker"],
-                                      registry=r)
-        labels = ["worker", "region"]
-        self.w_inflight = Gauge("kvmesh_router_worker_inflight", "Requests the router has open on a worker.",
-                                labels, registry=r)
-        self.w_running = Gauge("kvmesh_router_worker_running", "Running requests (engine report).", labels,
-                               registry=r)
-        self.w_waiting = Gauge("kvmesh_router_worker_waiting", "Waiting requests (engine report).", labels,
-                               registry=r)
-        self.w_kv = Gauge("kvmesh_router_worker_kv_usage", "KV cache usage (engine report).", labels, registry=r)
-        self.w_healthy = Gauge("kvmesh_router_worker_healthy", "1 when the worker is eligible.", labels,
-                               registry=r)
-
-    def inc_labels(self, counter: Counter, *labels: str) -> None:
-        """``counter.labels(*labels).inc()``, with the labelled child kept (the per-request hot path)."""
-        key = (id(counter), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = counter.labels(*labels)
-        child.inc()
 
 
 class _UpstreamFailed(Exception):
@@ -458,7 +410,7 @@ class RouterServer:
             if task not in self._expired:
                 raise
             task.uncancel()
-            self.metrics.inc_labels(self.metrics.responses, "504")
+            self.metrics.responses.inc_labels("504")
             msg = f"request exceeded the router's deadline of {self.settings.request_timeout_s:g} emulated s"
             resp = request.get(STREAM_KEY)
             if isinstance(resp, web.StreamResponse) and resp.prepared:
@@ -496,7 +448,7 @@ class RouterServer:
             policy = self._policy(request.headers.get("X-Route-Policy"))
             req = RoutedRequest.of(body, chat)
         except ApiError as e:
-            self.metrics.inc_labels(self.metrics.responses, str(e.status))
+            self.metrics.responses.inc_labels(str(e.status))
             return json_error(e.status, e.message)
         residency = request.headers.get("X-Residency") or body.get("residency")
         origin = request.headers.get("X-Region") or body.get("region") or self.settings.region
@@ -509,16 +461,16 @@ class RouterServer:
         pool = self.eligible(model, residency)
         if not pool:
             if residency is not None:
-                self.metrics.inc_labels(self.metrics.residency_rejections, residency)
-                self.metrics.inc_labels(self.metrics.responses, "503")
+                self.metrics.residency_rejections.inc_labels(residency)
+                self.metrics.responses.inc_labels("503")
                 return json_error(503, f"no eligible worker in residency region {residency!r}; data residency "
                                        "forbids serving this request anywhere else", {"Retry-After": "1"})
-            self.metrics.inc_labels(self.metrics.responses, "503")
+            self.metrics.responses.inc_labels("503")
             return json_error(503, "no healthy worker can serve this request", {"Retry-After": "1"})
         limit = self.settings.max_waiting
         if limit is not None and all(w.waiting >= limit for w in pool):
             self.metrics.saturated.inc()
-            self.metrics.inc_labels(self.metrics.responses, "429")
+            self.metrics.responses.inc_labels("429")
             return json_error(429, f"every eligible worker has {limit} or more requests waiting",
                               {"Retry-After": "1"})
         ctx = RequestContext(body, session if isinstance(session, str) else None,
@@ -530,7 +482,7 @@ class RouterServer:
             self._overlap(ctx, pool)
         ranked = self.rank(policy, pool, ctx)
         self.metrics.latency.observe(time.perf_counter() - t0)
-        self.metrics.inc_labels(self.metrics.decisions, policy.name, policy.reason)
+        self.metrics.decisions.inc_labels(policy.name, policy.reason)
 
         stream_state = _Stream(chat, req.include_usage, req.max_tokens)
         if self.disagg is not None:
@@ -552,7 +504,7 @@ class RouterServer:
         tried: set[WorkerId] = set()
         for attempt, worker in enumerate(ranked[: self.settings.max_attempts]):
             if attempt:
-                self.metrics.inc_labels(self.metrics.retries, "upstream_failure")
+                self.metrics.retries.inc_labels("upstream_failure")
             tried.add(worker.name)
             policy.on_routed(worker, ctx)
             self._note_routed(worker, ctx)
@@ -561,13 +513,13 @@ class RouterServer:
             except _UpstreamFailed as e:
                 last_error = e.reason
                 self._failed(worker)
-        self.metrics.inc_labels(self.metrics.responses, "502")
+        self.metrics.responses.inc_labels("502")
         return json_error(502, f"every attempt failed; last: {last_error}")
 
     def _note_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
-        self.metrics.inc_labels(self.metrics.selected, worker.name)
+        self.metrics.selected.inc_labels(worker.name)
         if ctx.origin_region is not None and worker.region != ctx.origin_region:
-            self.metrics.inc_labels(self.metrics.cross_region, ctx.origin_region, worker.region)
+            self.metrics.cross_region.inc_labels(ctx.origin_region, worker.region)
         if ctx.block_hashes:
             hit = ctx.overlap.get(worker.name, 0) * worker.block_size
             self.metrics.predicted_hit_tokens.inc(min(hit, max(0, len(ctx.prompt_ids) - 1)))
@@ -576,7 +528,7 @@ class RouterServer:
 
     def _failed(self, worker: WorkerInfo) -> None:
         if worker.breaker.failure(self.view.now()):
-            self.metrics.inc_labels(self.metrics.breaker_opened, worker.name)
+            self.metrics.breaker_opened.inc_labels(worker.name)
 
     async def _remote_wait(self, worker: WorkerInfo, ctx: RequestContext) -> None:
         rtt = self.topology.rtt_ms(ctx.origin_region, worker.region)
@@ -611,7 +563,7 @@ class RouterServer:
                         raise _UpstreamFailed(f"{worker.name}: {e}") from None
                     self._realized_from_body(data)
                     worker.breaker.success()
-                    self.metrics.inc_labels(self.metrics.responses, str(upstream.status))
+                    self.metrics.responses.inc_labels(str(upstream.status))
                     return web.Response(body=data, status=upstream.status,
                                         headers={"Content-Type": ctype, "X-Served-By": worker.name,
                                                  "X-Served-Region": worker.region})
@@ -626,12 +578,12 @@ class RouterServer:
                     if failure is None:
                         worker.breaker.success()
                         await self._finish_stream(resp, st)
-                        self.metrics.inc_labels(self.metrics.responses, "200")
+                        self.metrics.responses.inc_labels("200")
                         return resp
                 except DISCONNECTS:
                     # The client left: leaving this block closes the upstream connection, which aborts
                     # the request on the engine.
-                    self.metrics.inc_labels(self.metrics.responses, "499")
+                    self.metrics.responses.inc_labels("499")
                     return resp
         finally:
             worker.inflight -= 1
@@ -641,7 +593,7 @@ class RouterServer:
         try:
             await self._migrate(request, resp, st, ctx, req, {worker.name}, failure)
         except DISCONNECTS:
-            self.metrics.inc_labels(self.metrics.responses, "499")
+            self.metrics.responses.inc_labels("499")
         return resp
 
     async def _relay(self, upstream: UpstreamResponse, resp: Any, st: _Stream, rewrite: bool = False,
@@ -734,7 +686,7 @@ class RouterServer:
         """Continue a broken stream on another eligible worker: prompt + streamed tokens, remaining budget."""
         candidates = self.eligible(req.model, ctx.residency, exclude)
         if not self.settings.migrate or not candidates:
-            self.metrics.inc_labels(self.metrics.migrations, "failed")
+            self.metrics.migrations.inc_labels("failed")
             await resp.write(sse(error_body(502, f"worker failed mid-stream ({why}) and no other eligible "
                                                  "worker could continue it")))
             await resp.write(SSE_DONE)
@@ -747,7 +699,7 @@ class RouterServer:
         if remaining is not None and remaining <= 0:
             st.finished = True
             await self._finish_stream(resp, st)
-            self.metrics.inc_labels(self.metrics.migrations, "already_complete")
+            self.metrics.migrations.inc_labels("already_complete")
             return
         body: dict[str, Any] = {"prompt": ctx.prompt_ids + st.token_ids, "stream": True, "output_token_ids": True,
                                 "ignore_eos": req.ignore_eos,
@@ -761,7 +713,7 @@ class RouterServer:
             await self._remote_wait(worker, ctx)
             worker.inflight += 1
             worker.sent += 1
-            self.metrics.inc_labels(self.metrics.selected, worker.name)
+            self.metrics.selected.inc_labels(worker.name)
             try:
                 async with await self.upstream.post(worker.url, "/v1/completions", payload, JSON_HEADERS) as up:
                     if up.status != 200:
@@ -772,7 +724,7 @@ class RouterServer:
                     st.prompt_tokens = before_prompt
                     if failure is None:
                         worker.breaker.success()
-                        self.metrics.inc_labels(self.metrics.migrations, "ok")
+                        self.metrics.migrations.inc_labels("ok")
                         await self._finish_stream(resp, st)
                         return
                     self._failed(worker)
@@ -784,7 +736,7 @@ class RouterServer:
             if remaining is not None:
                 body["max_tokens"] = st.max_tokens - len(st.token_ids)  # type: ignore[operator]
             payload = json.dumps(body).encode()
-        self.metrics.inc_labels(self.metrics.migrations, "failed")
+        self.metrics.migrations.inc_labels("failed")
         await resp.write(sse(error_body(502, f"worker failed mid-stream ({why}); migration failed too")))
         await resp.write(SSE_DONE)
         await resp.write_eof()
