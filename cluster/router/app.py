@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import generate_latest
 
 from actors.cost_model import RooflineCostModel, StepShape
 from actors.engine.kv_blocks import hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
-from actors.http import serve_app
 from actors.openai_api import (
     MAX_BODY_BYTES,
     SSE_DONE,
@@ -48,6 +46,7 @@ from actors.openai_api import (
 )
 from cluster.router.disagg import DisaggFlow
 from cluster.router.feed import FeedClient
+from cluster.router.http_server import Answer, HTTPServer, Request, Response, StreamResponse, json_response
 from cluster.router.metrics import RouterMetrics
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
@@ -65,8 +64,8 @@ CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*([0-9]+)')
 PREFIX_POLICIES = {"kv_aware", "prefix_hash"}
 
 
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error_body(status, message), status=status, headers=headers)
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response(error_body(status, message), status=status, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -188,7 +187,7 @@ class RouterServer:
         self.metrics = RouterMetrics()
         self.feeds: dict[WorkerId, FeedClient] = {}
         self._tokenizers: dict[int, Tokenizer] = {}
-        self._runner: web.AppRunner | None = None
+        self._http: HTTPServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self.upstream = UpstreamPool(connect_timeout_s=5.0)
         self._deadlines: dict[asyncio.Task[Any], float] = {}
@@ -200,17 +199,17 @@ class RouterServer:
         self.whole_request_roles: tuple[str, ...] = ("colocated", "decode")
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.prometheus)
-        app.router.add_get("/workers", self.list_workers)
-        app.router.add_post("/workers", self.add_worker)
-        app.router.add_delete("/workers/{name}", self.remove_worker)
-        return app
+    def http_server(self) -> HTTPServer:
+        srv = HTTPServer(max_body=MAX_BODY_BYTES)
+        srv.add("POST", "/v1/completions", self.completions)
+        srv.add("POST", "/v1/chat/completions", self.chat_completions)
+        srv.add("GET", "/v1/models", self.models)
+        srv.add("GET", "/health", self.health)
+        srv.add("GET", "/metrics", self.prometheus)
+        srv.add("GET", "/workers", self.list_workers)
+        srv.add("POST", "/workers", self.add_worker)
+        srv.add("DELETE", "/workers/{name}", self.remove_worker)
+        return srv
 
     async def start(self) -> str:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
@@ -218,7 +217,8 @@ class RouterServer:
         if self.settings.index_mode == "events":
             for w in self.view.workers.values():
                 self._start_feed(w)
-        self._runner, self.port = await serve_app(self.app(), self.host, self.port)
+        self._http = self.http_server()
+        self.port = await self._http.start(self.host, self.port)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deadlines())
         self.url = f"http://{self.host}:{self.port}"
         return self.url
@@ -232,9 +232,9 @@ class RouterServer:
         for f in list(self.feeds.values()):
             await f.stop()
         self.feeds.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -247,7 +247,7 @@ class RouterServer:
         feed.start()
 
     # -- membership --------------------------------------------------------------------------------
-    async def add_worker(self, request: web.Request) -> web.Response:
+    async def add_worker(self, request: Request) -> Response:
         try:
             d = await request.json()
             w = WorkerInfo.from_launch(str(d["name"]), d)
@@ -261,14 +261,14 @@ class RouterServer:
         self.view.add(w)
         if self.settings.index_mode == "events":
             self._start_feed(w)
-        return web.json_response({"added": w.name})
+        return json_response({"added": w.name})
 
-    async def remove_worker(self, request: web.Request) -> web.Response:
+    async def remove_worker(self, request: Request) -> Response:
         name = WorkerId(request.match_info["name"])
         if name not in self.view.workers:
             return json_error(404, f"no worker {name!r}")
         await self._drop(name)
-        return web.json_response({"removed": name})
+        return json_response({"removed": name})
 
     async def _drop(self, name: WorkerId) -> None:
         feed = self.feeds.pop(name, None)
@@ -279,19 +279,19 @@ class RouterServer:
         self.approx.drop_worker(name)
 
     # -- simple endpoints --------------------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         if not any(self.view.eligible(w) for w in self.view.workers.values()):
             return json_error(503, "no eligible worker")
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         now = int(time.time())
-        return web.json_response({"object": "list", "data": [
+        return json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": now, "owned_by": "kvmesh", "root": m, "parent": None}
             for m in self.view.models()]})
 
-    async def list_workers(self, request: web.Request) -> web.Response:
-        return web.json_response([{
+    async def list_workers(self, request: Request) -> Response:
+        return json_response([{
             "name": w.name, "url": w.url, "role": w.role, "region": w.region, "node": w.node, "model": w.model,
             "hardware": w.hardware, "inflight": w.inflight, "sent": w.sent, "running": w.running,
             "waiting": w.waiting, "kv_usage": w.kv_usage, "free_blocks": w.free_blocks,
@@ -300,7 +300,7 @@ class RouterServer:
             "eligible": self.view.eligible(w), "breaker": w.breaker.state, "feed": w.feed_connected,
             "indexed_blocks": self.index.blocks_of(w.name)} for w in self.view.workers.values()])
 
-    async def prometheus(self, request: web.Request) -> web.Response:
+    async def prometheus(self, request: Request) -> Response:
         m = self.metrics
         for w in self.view.workers.values():
             lv = (w.name, w.region)
@@ -309,7 +309,7 @@ class RouterServer:
             m.w_waiting.labels(*lv).set(w.waiting)
             m.w_kv.labels(*lv).set(w.kv_usage)
             m.w_healthy.labels(*lv).set(1 if self.view.eligible(w) else 0)
-        return web.Response(body=generate_latest(m.registry),
+        return Response(body=generate_latest(m.registry),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     # -- routing -----------------------------------------------------------------------------------
@@ -388,13 +388,13 @@ class RouterServer:
             return rest
         return policy.rank(local, ctx, self.view) + rest
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Answer:
         return await self._route(request, chat=False)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: Request) -> Answer:
         return await self._route(request, chat=True)
 
-    async def _route(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _route(self, request: Request, chat: bool) -> Answer:
         """Route one request within its deadline (emulated seconds, so a slowed-down cluster keeps it).
 
         A request past its deadline ends: with a 504 when nothing was sent yet, else with an error event
@@ -413,7 +413,7 @@ class RouterServer:
             self.metrics.responses.inc_labels("504")
             msg = f"request exceeded the router's deadline of {self.settings.request_timeout_s:g} emulated s"
             resp = request.get(STREAM_KEY)
-            if isinstance(resp, web.StreamResponse) and resp.prepared:
+            if isinstance(resp, StreamResponse) and resp.prepared:
                 try:
                     await resp.write(sse(error_body(504, msg)))
                     await resp.write(SSE_DONE)
@@ -440,7 +440,7 @@ class RouterServer:
                     self._expired.add(task)
                     task.cancel()
 
-    async def _route_inner(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _route_inner(self, request: Request, chat: bool) -> Answer:
         raw = await request.read()
         t0 = time.perf_counter()
         try:
@@ -535,9 +535,9 @@ class RouterServer:
         if rtt > 0:
             await asyncio.sleep(rtt / 1000.0 * self.settings.time_scale)
 
-    async def _attempt(self, request: web.Request, worker: WorkerInfo, payload: bytes, headers: dict[str, str],
+    async def _attempt(self, request: Request, worker: WorkerInfo, payload: bytes, headers: dict[str, str],
                        stream: bool, st: _Stream, ctx: RequestContext,
-                       req: RoutedRequest) -> web.StreamResponse:
+                       req: RoutedRequest) -> Answer:
         """One worker's answer relayed to the client; raises _UpstreamFailed before any byte was sent."""
         await self._remote_wait(worker, ctx)
         worker.inflight += 1
@@ -564,10 +564,10 @@ class RouterServer:
                     self._realized_from_body(data)
                     worker.breaker.success()
                     self.metrics.responses.inc_labels(str(upstream.status))
-                    return web.Response(body=data, status=upstream.status,
+                    return Response(body=data, status=upstream.status,
                                         headers={"Content-Type": ctype, "X-Served-By": worker.name,
                                                  "X-Served-Region": worker.region})
-                resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                resp = StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                                "Cache-Control": "no-cache",
                                                                "X-Served-By": worker.name,
                                                                "X-Served-Region": worker.region})
@@ -681,7 +681,7 @@ class RouterServer:
         await resp.write(SSE_DONE)
         await resp.write_eof()
 
-    async def _migrate(self, request: web.Request, resp: web.StreamResponse, st: _Stream, ctx: RequestContext,
+    async def _migrate(self, request: Request, resp: StreamResponse, st: _Stream, ctx: RequestContext,
                        req: RoutedRequest, exclude: set[WorkerId], why: str) -> None:
         """Continue a broken stream on another eligible worker: prompt + streamed tokens, remaining budget."""
         candidates = self.eligible(req.model, ctx.residency, exclude)

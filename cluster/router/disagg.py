@@ -26,10 +26,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from actors.openai_api import error_body, sse
+from cluster.router.http_server import Answer, Request, Response, StreamResponse, json_response
 from cluster.router.upstream import UpstreamError, UpstreamResponse
 from cluster.router.view import STREAM_KEY, RequestContext, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
@@ -112,8 +112,8 @@ class DisaggFlow:
         return "disaggregated", ranked_d, s.rank(policy, prefills, pctx)
 
     # -- serving -------------------------------------------------------------------------------------
-    async def serve(self, request: web.Request, req: RoutedRequest, ctx: RequestContext, policy: RoutingPolicy,
-                    st: _Stream) -> web.StreamResponse | None:
+    async def serve(self, request: Request, req: RoutedRequest, ctx: RequestContext, policy: RoutingPolicy,
+                    st: _Stream) -> Answer | None:
         """Serve ``req`` disaggregated; None when it should be served on a decode engine alone instead."""
         reason, decodes, prefills = self.plan(policy, req, ctx, ctx.residency)
         self.metrics.decisions.labels(reason).inc()
@@ -123,15 +123,15 @@ class DisaggFlow:
         decode, reservation = await self._reserve(decodes, rid, ctx, req)
         if decode is None or reservation is None:
             self.server.metrics.responses.labels("503").inc()
-            return web.json_response(error_body(503, "no decode engine had KV room for this request within "
+            return json_response(error_body(503, "no decode engine had KV room for this request within "
                                                      f"{self.spec.reserve_wait_ms:.0f} ms"), status=503,
                                      headers={"Retry-After": "1"})
         st.first_id = ("chatcmpl-" if st.chat else "cmpl-") + uuid.uuid4().hex
         st.created, st.model = int(time.time()), req.model or decode.model
         st.prompt_ids, st.prompt_tokens = ctx.prompt_ids, len(ctx.prompt_ids)
-        sink: web.StreamResponse | _Collector
+        sink: StreamResponse | _Collector
         if req.stream:
-            sink = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+            sink = StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                            "Cache-Control": "no-cache",
                                                            "X-Served-By": decode.name,
                                                            "X-Served-Region": decode.region})
@@ -306,7 +306,7 @@ class DisaggFlow:
             w.inflight -= 1
         await sink.write(sse(error_body(502, f"the request could not be finished on {w.name}")))
 
-    def _full_response(self, sink: _Collector, st: _Stream, decode: WorkerInfo) -> web.Response:
+    def _full_response(self, sink: _Collector, st: _Stream, decode: WorkerInfo) -> Response:
         events = sink.events()
         text = ""
         finish = None
@@ -324,6 +324,6 @@ class DisaggFlow:
         body = {"id": st.first_id, "object": "chat.completion" if st.chat else "text_completion",
                 "created": st.created, "model": st.model, "choices": [choice], "usage": usage}
         self.server.metrics.responses.labels("200").inc()
-        return web.json_response(body, headers={"X-Served-By": decode.name, "X-Served-Region": decode.region})
+        return json_response(body, headers={"X-Served-By": decode.name, "X-Served-Region": decode.region})
 
 
