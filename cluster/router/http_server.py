@@ -56,16 +56,18 @@ def _error_json(status: int, message: str) -> bytes:
 class Request:
     """One parsed request (its whole body already read)."""
 
-    __slots__ = ("_state", "body", "headers", "keep_alive", "match_info", "method", "path", "query_string")
+    __slots__ = ("_state", "body", "headers", "http10", "keep_alive", "match_info", "method", "path",
+                 "query_string")
 
     def __init__(self, method: str, target: str, headers: CIMultiDictProxy[str], body: bytes,
-                 keep_alive: bool) -> None:
+                 keep_alive: bool, http10: bool = False) -> None:
         self.method = method
         path, _, self.query_string = target.partition("?")
         self.path = path
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.http10 = http10
         self.match_info: dict[str, str] = {}
         self._state: dict[str, Any] = {}
 
@@ -116,23 +118,28 @@ def json_response(data: Any, *, status: int = 200, headers: Mapping[str, str] | 
 
 
 class StreamResponse:
-    """A chunked answer written as it is produced (Server-Sent Events)."""
+    """An answer written as it is produced (Server-Sent Events): chunked, or for an HTTP/1.0 client raw
+    bytes ended by closing the connection."""
 
     def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
         self.status = status
         self.headers = dict(headers or {})
         self.prepared = False
         self.finished = False
+        self._chunked = True
         self._conn: _Connection | None = None
 
     async def prepare(self, request: Request) -> None:
         conn = request.get(_CONN_KEY)
         assert isinstance(conn, _Connection), "prepare() takes the request this answer is for"
         self._conn = conn
+        self._chunked = not request.http10
+        if not self._chunked:
+            request.keep_alive = False  # no length and no chunks: the close ends the answer
         lines = [b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status).encode())]
         for k, v in self.headers.items():
             lines.append(f"{k}: {v}\r\n".encode("latin-1"))
-        lines.append(b"Transfer-Encoding: chunked\r\n\r\n")
+        lines.append(b"Transfer-Encoding: chunked\r\n\r\n" if self._chunked else b"Connection: close\r\n\r\n")
         self.prepared = True
         await conn.write(b"".join(lines))
 
@@ -141,12 +148,13 @@ class StreamResponse:
         if not data:
             return
         assert self._conn is not None, "write() before prepare()"
-        await self._conn.write(b"%x\r\n%s\r\n" % (len(data), data))
+        await self._conn.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
 
     async def write_eof(self) -> None:
         if self._conn is not None and not self.finished:
             self.finished = True
-            await self._conn.write(b"0\r\n\r\n")
+            if self._chunked:
+                await self._conn.write(b"0\r\n\r\n")
 
 
 _CONN_KEY = "_kvmesh_connection"
@@ -254,7 +262,8 @@ class _Connection(asyncio.Protocol):
             return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(self.parser.get_method().decode("ascii", "replace"), self._url.decode("latin-1"),
-                      CIMultiDictProxy(CIMultiDict(self._headers)), body, self.parser.should_keep_alive())
+                      CIMultiDictProxy(CIMultiDict(self._headers)), body, self.parser.should_keep_alive(),
+                      self.parser.get_http_version() == "1.0")
         req[_CONN_KEY] = self
         self.queue.append(req)
         if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self._reading_paused:

@@ -173,6 +173,10 @@ def test_streamed_answer_is_chunked_and_http10_closes() -> None:
     t = run(server(), [b"GET /echo HTTP/1.0\r\n\r\n"], until=lambda t: t.closing)
     (status, headers, _), = answers(t.out)
     assert status == 200 and headers["connection"] == "close" and t.closing
+    # HTTP/1.0 has no chunks: the events go raw and the close ends them, keep-alive asked or not.
+    t = run(server(), [b"GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"], until=lambda t: t.closing)
+    head, _, body = bytes(t.out).partition(b"\r\n\r\n")
+    assert b"chunked" not in head and body == b"data: 1\n\ndata: 2\n\n" and t.closing
 
 
 def test_a_client_that_leaves_cancels_its_handler() -> None:
