@@ -3,7 +3,8 @@
 Figures (each beside its same-run baseline):
 - overhead: added latency p50/p99 of kvmesh's router over going straight to an engine, at concurrency
   1 and 32, beside sgl-router (``pip install sglang-router``; ``--policy cache_aware``) fronting the
-  same engines; the highest request rate each sustains (closed loop), beside the engines' own;
+  same engines, the three paths measured in alternating rounds; each router's CPU per request; the
+  highest request rate each sustains (closed loop), beside the engines' own;
 - quality: a slice of the Mooncake conversation trace on 8 emulated H100s (Llama-3.1-8B), the same rate,
   for every kvmesh policy and for sgl-router's cache_aware: prefix hit ratio, TTFT p50/p99, goodput;
 - regions: the lessons card's router comparison on 3 regions x 4 replicas: hit ratio, TTFT p50/p99 and
