@@ -380,9 +380,14 @@ def regions(quick: bool) -> dict[str, Any]:
     residency = {s.request_id: s.residency_region for s in trace.requests if s.residency_region}
     served = [(r.request_id, r.worker) for r in records if r.request_id in residency and r.worker]
     violations = sum(1 for rid, w in served if region_of.get(w.split(":")[0], "?") != residency[rid])
+    failed = [r for r in records if r.status != "ok"]
     rows["residency_run"] = {"tagged_requests": len(residency), "tagged_served": len(served),
                              "residency_violations": violations, "completed": result.summary["completed"],
-                             "failed": result.summary["failed"], "killed": victim}
+                             "failed": result.summary["failed"], "killed": victim,
+                             "failed_by_tag": {str(k): sum(1 for r in failed if residency.get(r.request_id) == k)
+                                               for k in {None, *residency.values()}},
+                             "failed_by_http_status": {str(k): sum(1 for r in failed if r.http_status == k)
+                                                       for k in {r.http_status for r in failed}}}
     print(f"residency: {rows['residency_run']}", flush=True)
     return rows
 
