@@ -196,6 +196,7 @@ def overhead(quick: bool, sgl_py: str | None) -> dict[str, Any]:
             pids = {"kvmesh": ray.get(next(iter(h.routers.values())).pid.remote())}
             if sgl is not None:
                 pids["sglang"] = sgl.proc.pid
+            time.sleep(3.0)  # past start-up (feeds connecting, sgl-router's first health checks)
             idle = idle_cpu_rate(pids)
             for conc, n in ((1, 60 if quick else 600), (32, 192 if quick else 1920)):
                 c0 = {k: cpu_seconds(p) for k, p in pids.items()}
