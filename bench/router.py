@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -94,9 +95,7 @@ class SGLangRouter:
 
 # -- overhead ----------------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its children so far (``/proc``)."""
-    import os
-
+    """User + system CPU of a process and its waited-for children so far (``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
@@ -116,8 +115,7 @@ def small_spec(n: int, scale: float) -> ClusterSpec:
         "router": {"policy": "least_loaded"}})
 
 
-async def latencies(targets: list[str], concurrency: int, n: int,
-                    session: aiohttp.ClientSession | None = None) -> list[float]:
+async def latencies(session: aiohttp.ClientSession, targets: list[str], concurrency: int, n: int) -> list[float]:
     """Wall ms of ``n`` one-token requests (text prompt, with a model name) at ``concurrency``."""
     out: list[float] = []
     counter = iter(range(n))
@@ -134,11 +132,7 @@ async def latencies(targets: list[str], concurrency: int, n: int,
                     raise RuntimeError(f"{url}: HTTP {r.status}")
             out.append((time.perf_counter() - t0) * 1000.0)
 
-    if session is not None:
-        await asyncio.gather(*(user(session, k) for k in range(concurrency)))
-        return out
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await asyncio.gather(*(user(s, k) for k in range(concurrency)))
+    await asyncio.gather(*(user(session, k) for k in range(concurrency)))
     return out
 
 
@@ -149,11 +143,11 @@ async def interleaved(paths: dict[str, list[str]], concurrency: int, n: int, rou
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, targets in paths.items():
-            await latencies(targets, concurrency, concurrency * 4, sessions[name])
+            await latencies(sessions[name], targets, concurrency, concurrency * 4)
         samples: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(rounds):
             for name, targets in paths.items():
-                samples[name] += await latencies(targets, concurrency, n // rounds, sessions[name])
+                samples[name] += await latencies(sessions[name], targets, concurrency, n // rounds)
         return samples
     finally:
         for s in sessions.values():

@@ -46,7 +46,15 @@ from actors.openai_api import (
 )
 from cluster.router.disagg import DisaggFlow
 from cluster.router.feed import FeedClient
-from cluster.router.http_server import Answer, HTTPServer, Request, Response, StreamResponse, json_response
+from cluster.router.http_server import (
+    Answer,
+    HTTPServer,
+    Request,
+    Response,
+    StreamResponse,
+    json_error,
+    json_response,
+)
 from cluster.router.metrics import RouterMetrics
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
@@ -62,10 +70,6 @@ TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*([0-9]+)')
 CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*([0-9]+)')
 PREFIX_POLICIES = {"kv_aware", "prefix_hash"}
-
-
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return json_response(error_body(status, message), status=status, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -310,7 +314,7 @@ class RouterServer:
             m.w_kv.labels(*lv).set(w.kv_usage)
             m.w_healthy.labels(*lv).set(1 if self.view.eligible(w) else 0)
         return Response(body=generate_latest(m.registry),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     # -- routing -----------------------------------------------------------------------------------
     def _tokenizer(self, vocab: int) -> Tokenizer:
@@ -565,12 +569,12 @@ class RouterServer:
                     worker.breaker.success()
                     self.metrics.responses.inc_labels(str(upstream.status))
                     return Response(body=data, status=upstream.status,
-                                        headers={"Content-Type": ctype, "X-Served-By": worker.name,
-                                                 "X-Served-Region": worker.region})
+                                    headers={"Content-Type": ctype, "X-Served-By": worker.name,
+                                             "X-Served-Region": worker.region})
                 resp = StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                               "Cache-Control": "no-cache",
-                                                               "X-Served-By": worker.name,
-                                                               "X-Served-Region": worker.region})
+                                                           "Cache-Control": "no-cache",
+                                                           "X-Served-By": worker.name,
+                                                           "X-Served-Region": worker.region})
                 try:
                     await resp.prepare(request)
                     request[STREAM_KEY] = resp

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Histogram
 
 from actors.openai_api import error_body, sse
-from cluster.router.http_server import Answer, Request, Response, StreamResponse, json_response
+from cluster.router.http_server import Answer, Request, Response, StreamResponse, json_error, json_response
 from cluster.router.upstream import UpstreamError, UpstreamResponse
 from cluster.router.view import STREAM_KEY, RequestContext, WorkerId, WorkerInfo
 from config.cluster import DisaggSpec
@@ -122,19 +122,18 @@ class DisaggFlow:
         rid = request.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
         decode, reservation = await self._reserve(decodes, rid, ctx, req)
         if decode is None or reservation is None:
-            self.server.metrics.responses.labels("503").inc()
-            return json_response(error_body(503, "no decode engine had KV room for this request within "
-                                                     f"{self.spec.reserve_wait_ms:.0f} ms"), status=503,
-                                     headers={"Retry-After": "1"})
+            self.server.metrics.responses.inc_labels("503")
+            return json_error(503, "no decode engine had KV room for this request within "
+                                   f"{self.spec.reserve_wait_ms:.0f} ms", {"Retry-After": "1"})
         st.first_id = ("chatcmpl-" if st.chat else "cmpl-") + uuid.uuid4().hex
         st.created, st.model = int(time.time()), req.model or decode.model
         st.prompt_ids, st.prompt_tokens = ctx.prompt_ids, len(ctx.prompt_ids)
         sink: StreamResponse | _Collector
         if req.stream:
             sink = StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache",
-                                                           "X-Served-By": decode.name,
-                                                           "X-Served-Region": decode.region})
+                                                       "Cache-Control": "no-cache",
+                                                       "X-Served-By": decode.name,
+                                                       "X-Served-Region": decode.region})
             await sink.prepare(request)
             request[STREAM_KEY] = sink
         else:
@@ -155,7 +154,7 @@ class DisaggFlow:
         await self.server._finish_stream(sink, st)
         if isinstance(sink, _Collector):
             return self._full_response(sink, st, decode)
-        self.server.metrics.responses.labels("200").inc()
+        self.server.metrics.responses.inc_labels("200")
         return sink
 
     async def _post(self, w: WorkerInfo, path: str, body: dict[str, Any],
@@ -220,7 +219,7 @@ class DisaggFlow:
             await self.server._remote_wait(w, ctx)
             w.inflight += 1
             w.sent += 1
-            self.server.metrics.selected.labels(w.name).inc()
+            self.server.metrics.selected.inc_labels(w.name)
             try:
                 async with await self._post(w, "/v1/completions", body, {"X-Request-Id": rid}) as up:
                     if up.status != 200:
@@ -323,7 +322,7 @@ class DisaggFlow:
                                    "stop_reason": None})
         body = {"id": st.first_id, "object": "chat.completion" if st.chat else "text_completion",
                 "created": st.created, "model": st.model, "choices": [choice], "usage": usage}
-        self.server.metrics.responses.labels("200").inc()
+        self.server.metrics.responses.inc_labels("200")
         return json_response(body, headers={"X-Served-By": decode.name, "X-Served-Region": decode.region})
 
 

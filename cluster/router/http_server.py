@@ -34,11 +34,14 @@ from typing import Any, TypeAlias, cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from actors.openai_api import error_body
+
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PIPELINED = 8
 """Requests queued on one connection before reading from it pauses."""
+INTERNAL_ERROR = "internal error in the router (logged)"
 
 
 def _reason(status: int) -> str:
@@ -48,9 +51,11 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-def _error_json(status: int, message: str) -> bytes:
-    kind = "invalid_request_error" if status < 500 else "internal_error"
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+def _head(status: int, headers: Mapping[str, str]) -> list[bytes]:
+    """Status line and headers, without the blank line that ends them."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status).encode())]
+    lines.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
+    return lines
 
 
 class Request:
@@ -101,9 +106,7 @@ class Response:
         self.body = body
 
     def encode(self, keep_alive: bool) -> bytes:
-        lines = [b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status).encode())]
-        for k, v in self.headers.items():
-            lines.append(f"{k}: {v}\r\n".encode("latin-1"))
+        lines = _head(self.status, self.headers)
         lines.append(b"Content-Length: %d\r\n" % len(self.body))
         if not keep_alive:
             lines.append(b"Connection: close\r\n")
@@ -115,6 +118,11 @@ class Response:
 def json_response(data: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(body=json.dumps(data).encode(), status=status, headers=headers,
                     content_type="application/json; charset=utf-8")
+
+
+def json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """An error in OpenAI's shape, which the official client parses."""
+    return json_response(error_body(status, message), status=status, headers=headers)
 
 
 class StreamResponse:
@@ -136,9 +144,7 @@ class StreamResponse:
         self._chunked = not request.http10
         if not self._chunked:
             request.keep_alive = False  # no length and no chunks: the close ends the answer
-        lines = [b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status).encode())]
-        for k, v in self.headers.items():
-            lines.append(f"{k}: {v}\r\n".encode("latin-1"))
+        lines = _head(self.status, self.headers)
         lines.append(b"Transfer-Encoding: chunked\r\n\r\n" if self._chunked else b"Connection: close\r\n\r\n")
         self.prepared = True
         await conn.write(b"".join(lines))
@@ -279,8 +285,7 @@ class _Connection(asyncio.Protocol):
             return
         self._rejected = True
         if self.transport is not None and not self.closed:
-            self.transport.write(Response(body=_error_json(status, message), status=status,
-                                          content_type="application/json").encode(keep_alive=False))
+            self.transport.write(json_error(status, message).encode(keep_alive=False))
             self.transport.close()
 
     async def write(self, data: bytes) -> None:
@@ -309,8 +314,7 @@ class _Connection(asyncio.Protocol):
                         await resp.write_eof()
                 elif isinstance(resp, StreamResponse):
                     log.error("handler for %s %s returned a stream it never began", req.method, req.path)
-                    self.transport.write(Response(body=_error_json(500, "internal error in the router (logged)"),
-                                                  status=500, content_type="application/json").encode(False))
+                    self.transport.write(json_error(500, INTERNAL_ERROR).encode(keep_alive=False))
                     self.transport.close()
                     return
                 else:
@@ -369,19 +373,16 @@ class HTTPServer:
     async def _dispatch(self, req: Request) -> Response | StreamResponse:
         handler = self._match(req)
         if handler is None:
-            return Response(body=_error_json(404, f"no route for {req.path}"), status=404,
-                            content_type="application/json")
+            return json_error(404, f"no route for {req.path}")
         if handler is False:
-            return Response(body=_error_json(405, f"{req.method} is not allowed on {req.path}"), status=405,
-                            content_type="application/json")
+            return json_error(405, f"{req.method} is not allowed on {req.path}")
         try:
             return await cast(Handler, handler)(req)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception:
             log.exception("handler for %s %s failed", req.method, req.path)
-            return Response(body=_error_json(500, "internal error in the router (logged)"), status=500,
-                            content_type="application/json")
+            return json_error(500, INTERNAL_ERROR)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

@@ -39,9 +39,6 @@ class LoopCounter:
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labels}")
         self.values[labels] = self.values.get(labels, 0.0) + amount
 
-    def labels(self, *labels: str) -> _Child:
-        return _Child(self, labels)
-
     def value(self, *labels: str) -> float:
         return self.values.get(labels, 0.0)
 
@@ -53,17 +50,6 @@ class LoopCounter:
         for labels, v in list(self.values.items()):
             fam.add_metric(list(labels), v)
         yield fam
-
-
-class _Child:
-    __slots__ = ("counter", "labels")
-
-    def __init__(self, counter: LoopCounter, labels: tuple[str, ...]) -> None:
-        self.counter = counter
-        self.labels = labels
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.counter.inc_labels(*self.labels, amount=amount)
 
 
 class LoopHistogram:

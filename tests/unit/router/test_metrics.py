@@ -36,7 +36,7 @@ def test_same_exposition_as_the_library_types(events: list[tuple[str, str, float
         t2.inc(3)
         h1.observe(v)
         h2.observe(v)
-    c1.labels("200", "a").inc(0)  # a child made but never counted still shows, as the library's does
+    c1.inc_labels("200", "a", amount=0)  # a series made but never counted still shows, as the library's does
     c2.labels("200", "a").inc(0)
     assert samples(ours) == samples(theirs)
 
