@@ -361,47 +361,62 @@ class Engine:
                 await self._wake.wait()
                 prev_end = None
                 continue
-            now = self.clock.now_ms()
-            if prev_end is None:
-                # Waking from idle: the emulated GPU starts when the first waiting request arrived, so
-                # the emulator's own bookkeeping (parsing, hashing) never delays the emulated timeline.
-                early = sched.earliest_waiting_arrival()
-                start = now if early is None else min(now, early)
-            else:
-                start = prev_end
-            step = sched.schedule(start)
+            step = self.plan_step(prev_end, self.clock.now_ms())
+            if step is None:
+                continue  # an unrunnable request was dropped: plan again
             if step.empty:
-                early = sched.earliest_waiting_arrival()
-                if early is not None and start < early <= now:
-                    step = sched.schedule(early)
-                    start = early
-            if step.empty:
-                if not sched.running and self._drop_unrunnable(start):
-                    continue
                 # Nothing can run until something finishes, is aborted or arrives.
                 self._wake.clear()
                 await self._wake.wait()
                 prev_end = None
                 continue
             cost = self.cost.step(step.shape())
-            end = start + cost.total_ms
+            end = step.start_ms + cost.total_ms
             lag = await self.clock.sleep_until(end)
             prev_end = end
-            self.steps += 1
-            self.busy_ms += cost.total_ms
-            self.lag.add(lag)
-            outputs = sched.complete(step, end)
-            if self.chunk_listeners:
-                for seq, _ in step.items:
-                    if seq.hold_blocks:
-                        for listener in self.chunk_listeners:
-                            listener(seq, seq.done)
-            self._deliver(outputs, end)
-            for o in self.observers:
-                o.on_step(self, step, cost, lag)
-                o.on_tokens(self, outputs, end)
-            self._publish_kv_events()
+            self.apply_step(step, cost, end, lag)
             await asyncio.sleep(0)  # let handlers run between steps even when the host lags
+
+    def plan_step(self, prev_end: float | None, now: float) -> ScheduledStep | None:
+        """Plan the next step (shared by the async loop and ``actors.engine.virtual``'s driver).
+
+        ``prev_end``: when the previous step ended if the engine stayed busy, else None (waking from
+        idle: the emulated GPU starts when the first waiting request arrived, so the emulator's own
+        bookkeeping never delays the emulated timeline). The step's ``start_ms`` is its start. Returns
+        None when an unrunnable request was dropped instead (plan again), an empty step when nothing
+        can run until something finishes, is aborted or arrives.
+        """
+        sched = self.scheduler
+        if prev_end is None:
+            early = sched.earliest_waiting_arrival()
+            start = now if early is None else min(now, early)
+        else:
+            start = prev_end
+        step = sched.schedule(start)
+        if step.empty:
+            early = sched.earliest_waiting_arrival()
+            if early is not None and start < early <= now:
+                step = sched.schedule(early)
+        if step.empty and not sched.running and self._drop_unrunnable(step.start_ms):
+            return None
+        return step
+
+    def apply_step(self, step: ScheduledStep, cost: StepTime, end: float, lag: float) -> None:
+        """Apply a step that ended at emulated ``end``: tokens out, listeners and observers told, KV events."""
+        self.steps += 1
+        self.busy_ms += cost.total_ms
+        self.lag.add(lag)
+        outputs = self.scheduler.complete(step, end)
+        if self.chunk_listeners:
+            for seq, _ in step.items:
+                if seq.hold_blocks:
+                    for listener in self.chunk_listeners:
+                        listener(seq, seq.done)
+        self._deliver(outputs, end)
+        for o in self.observers:
+            o.on_step(self, step, cost, lag)
+            o.on_tokens(self, outputs, end)
+        self._publish_kv_events()
 
     def _drop_unrunnable(self, now_ms: float) -> bool:
         """The head of the queue needs more blocks than the engine holds in total: finish it (length)."""

@@ -1,0 +1,178 @@
+"""Run the real engine and scheduler on virtual time: the clock jumps to each step's end.
+
+The async step loop (``Engine._loop``) sleeps to every step's deadline on the emulated clock; that is
+what the HTTP path needs, but it costs the step's emulated duration in wall time. For replaying
+measured serving runs (``run_cluster.py validate``) only the emulated timeline matters, so
+``VirtualDriver`` runs the same two halves of a step the loop runs (``Engine.plan_step`` then
+``Engine.apply_step``), with a ``ManualTime`` behind the engine's ``Clock`` that is set to each step's
+end instead of slept to. Scheduling, KV allocation, preemption and the cost model are the engine's own;
+only waiting is skipped, so a run takes as long as its Python bookkeeping (no lag, by construction).
+
+``ClosedLoop`` is a client population as benchmark tools run it (aiperf ``--concurrency``, vLLM's
+``bench serve --max-concurrency``): ``concurrency`` clients each send a request, wait for its last
+token, and send the next at once, until ``num_requests`` were sent. Prompts are distinct (their first
+token is the request index), so no prefix is shared by accident.
+
+Failure behaviour: a run whose waiting requests can never be scheduled (nothing running, nothing
+arriving, the head still refused) raises ``VirtualRunStuck`` instead of spinning; a request the engine
+refuses at submission raises the engine's ``EngineError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.clock import Clock
+from actors.cost_model import CostModel, StepTime
+from actors.engine.engine import Engine, EngineConfig, RequestStream
+from actors.engine.scheduler import ScheduledStep, TokenOutput
+from actors.engine.sequence import RequestId, Sequence
+
+
+class VirtualRunStuck(RuntimeError):
+    """The engine holds waiting requests it can never schedule (see the module docstring)."""
+
+
+class ManualTime:
+    """A monotonic time source (seconds) that moves only when told: the engine's ``Clock`` reads it."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.t = start_s
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance_to_ms(self, emulated_ms: float) -> None:
+        """Jump to emulated ``emulated_ms`` (a clock at scale 1 with origin 0); never backwards."""
+        self.t = max(self.t, emulated_ms / 1000.0)
+
+
+def virtual_clock(time: ManualTime) -> Clock:
+    """A clock at scale 1, origin 0, that reads ``time`` and never polls."""
+    return Clock(1.0, spin_ms=0.0, monotonic=time, origin=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request as a benchmark client sees it (emulated ms)."""
+
+    index: int
+    arrival_ms: float
+    first_token_ms: float
+    last_token_ms: float
+    output_tokens: int
+    preemptions: int
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.first_token_ms - self.arrival_ms
+
+    @property
+    def tpot_ms(self) -> float:
+        """Mean time per output token after the first (0 for a one-token output), as aiperf and vLLM."""
+        return (self.last_token_ms - self.first_token_ms) / max(1, self.output_tokens - 1)
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.last_token_ms - self.arrival_ms
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """``concurrency`` clients, ``num_requests`` requests of exactly ``input_len`` -> ``output_len`` tokens."""
+
+    concurrency: int
+    num_requests: int
+    input_len: int
+    output_len: int
+
+    def __post_init__(self) -> None:
+        if min(self.concurrency, self.num_requests, self.input_len, self.output_len) < 1:
+            raise ValueError("concurrency, num_requests, input_len and output_len must be at least 1")
+
+    def prompt(self, index: int, vocab_size: int) -> list[int]:
+        """A distinct prompt per request: token ids from ``index`` upwards, wrapped into the vocabulary."""
+        span = max(2, vocab_size - 1)
+        return [1 + (index + i) % span for i in range(self.input_len)]
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    steps: int
+    end_ms: float
+    preemptions: int
+
+
+class VirtualDriver:
+    """Drives one ``Engine`` on virtual time with a ``ClosedLoop`` of clients (module docstring).
+
+    Invariants: the clock never goes backwards; every step starts when the previous one ended or, after
+    an idle stretch, when the earliest waiting request arrived (as the async loop); a client's next
+    request arrives at the emulated time its previous request's last token was emitted.
+    """
+
+    def __init__(self, cfg: EngineConfig, cost: CostModel) -> None:
+        self.time = ManualTime()
+        self.engine = Engine(cfg, cost, virtual_clock(self.time), observers=[self])
+        self._streams: dict[RequestId, RequestStream] = {}
+        self._index: dict[RequestId, int] = {}
+        self._records: list[RequestRecord] = []
+        self._load: ClosedLoop | None = None
+        self._sent = 0
+
+    # -- EngineObserver ----------------------------------------------------------------------------
+    def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None:
+        pass
+
+    def on_tokens(self, engine: Engine, outputs: list[TokenOutput], end_ms: float) -> None:
+        for out in outputs:  # nobody reads the streams: drain them so they hold no history
+            stream = self._streams.get(out.seq.request_id)
+            if stream is not None and not stream.queue.empty():
+                stream.queue.get_nowait()
+
+    def on_finish(self, engine: Engine, seq: Sequence) -> None:
+        self._streams.pop(seq.request_id, None)
+        index = self._index.pop(seq.request_id)
+        if seq.first_token_ms is None or seq.last_token_ms is None:
+            raise VirtualRunStuck(f"request {index} finished without a token ({seq.finish_reason})")
+        self._records.append(RequestRecord(index, seq.arrival_ms, seq.first_token_ms, seq.last_token_ms,
+                                           len(seq.output_ids), seq.num_preemptions))
+        self._send(seq.last_token_ms)
+
+    # -- running -----------------------------------------------------------------------------------
+    def _send(self, at_ms: float) -> None:
+        load = self._load
+        if load is None or self._sent >= load.num_requests:
+            return
+        i = self._sent
+        self._sent += 1
+        stream = self.engine.submit(load.prompt(i, self.engine.cfg.vocab_size), load.output_len,
+                                    ignore_eos=True, request_id=f"r{i}", arrival_ms=at_ms)
+        self._streams[stream.request_id] = stream
+        self._index[stream.request_id] = i
+
+    def run(self, load: ClosedLoop) -> RunResult:
+        """Run ``load`` to completion; records sorted by request index."""
+        self._load = load
+        self._records = []
+        self._sent = 0
+        for _ in range(min(load.concurrency, load.num_requests)):
+            self._send(0.0)
+        eng = self.engine
+        sched = eng.scheduler
+        prev_end: float | None = None
+        while sched.has_work():
+            step = eng.plan_step(prev_end, self.time.t * 1000.0)
+            if step is None:
+                continue
+            if step.empty:
+                raise VirtualRunStuck(f"{len(sched.waiting)} waiting request(s) can never be scheduled "
+                                      f"({eng.kv.pool.num_free} of {eng.cfg.num_blocks} KV blocks free)")
+            cost = eng.cost.step(step.shape())
+            end = step.start_ms + cost.total_ms
+            self.time.advance_to_ms(end)
+            prev_end = end
+            eng.apply_step(step, cost, end, 0.0)
+        self._records.sort(key=lambda r: r.index)
+        return RunResult(self._records, eng.steps, self.time.t * 1000.0, sched.stats.preemptions)

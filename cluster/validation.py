@@ -1,0 +1,353 @@
+"""Replay measured vLLM serving runs (aiconfigurator's ``silicon_sample.csv``) on the emulator's engine.
+
+Each vLLM row of the table is one measured benchmark: a model on ``tp_size`` GPUs of one system, a
+closed loop of ``batch_size`` clients sending prompts of exactly ``isl`` tokens for exactly ``osl``
+output tokens, with the mean TTFT and TPOT that the client measured. How those runs were made, as read
+from aiconfigurator's generator (github.com/ai-dynamo/aiconfigurator at 095f58a5,
+``src/aiconfigurator/generator/config/backend_templates/benchmark/bench_run.sh.j2`` and
+``rule_plugin/benchmark/vllm.rule``):
+
+- client: ``aiperf profile --concurrency C --num-requests 20 C --warmup-request-count 2 C --isl/--osl
+  with stddev 0 --extra-inputs ignore_eos:true --streaming``: exact lengths, every output runs to
+  ``osl``; the warm-up requests finish before the measured ones start;
+- server: ``max-num-seqs`` = the batch size, ``max-num-batched-tokens`` = batch size + isl + 1500,
+  CUDA-graph capture sizes 1..batch size (so a decode batch is never padded).
+
+What this module assumes beyond that (the table does not say): the deployment's other settings are
+vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16); the synthetic prompts share no prefix
+(prefix caching off); a measured run starts with all C clients sending at once (the burst after the
+warm-up), after which the loop reaches a steady state. Simulating 20 rounds of C requests per row
+would take hours for the whole table, so ``rounds`` rounds are run and the means are extrapolated to
+aiperf's 20: the first round's requests (the burst) weigh 1/20, the rest 19/20.
+
+A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
+id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
+its mode is aggregated, and it has no data-parallel attention. Every other row is listed as skipped,
+with the reason. The engine is the emulator's own (``build_engine`` from a one-engine cluster spec, so
+KV capacity and cost model are what ``up``/``loadtest`` would use), driven on virtual time by
+``actors.engine.virtual``.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from actors.engine.factory import build_engine
+from actors.engine.virtual import ClosedLoop, RunResult, VirtualDriver
+from config.catalog import Catalog
+from config.cluster import ClusterSpec
+from config.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / "silicon_sample.csv"
+
+AIPERF_ROUNDS = 20
+"""aiperf's ``--num-requests`` is 20 x the concurrency in aiconfigurator's benchmark script."""
+DEFAULT_ROUNDS = 3
+QUICK_ROUNDS = 2
+QUICK_PER_GROUP = 3
+BATCHED_TOKENS_SLACK = 1500
+"""aiconfigurator's vLLM benchmark rule: max_num_batched_tokens = batch size + isl + 1500."""
+
+SYSTEM_PRESETS: dict[str, str] = {
+    "a100_sxm": "a100-80g-sxm",
+    "h100_sxm": "h100-80g-sxm",
+    "h200_sxm": "h200-141g-sxm",
+    "b200_sxm": "b200-180g-sxm",
+    "b300_sxm": "b300-288g-sxm",
+    "l40s": "l40s-48g",
+}
+"""aiconfigurator's system names -> hardware preset names (a preset missing from the catalog skips)."""
+
+MODEL_NAMES: dict[tuple[str, str], str] = {}
+"""(HF id, precision) -> model preset, where the derived name (``derived_model_name``) is wrong."""
+
+PRECISION_SUFFIX: dict[str, str] = {"": "", "bf16": "", "fp16": "", "fp8": "-fp8", "fp4": "-fp4",
+                                    "int4": "-int4"}
+
+
+class SiliconRow(BaseModel):
+    """One measured serving run (the columns this module reads)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    backend: str
+    backend_version: str = ""
+    model_path: str
+    system: str
+    precision: str = ""
+    mode: str
+    isl: int
+    osl: int
+    batch_size: int | None = None
+    """The concurrency of an aggregated run (blank in disaggregated rows, which say it per role)."""
+    tp_size: int | None = None
+    attention_dp_size: int | None = None
+    moe_tp_size: int | None = None
+    moe_ep_size: int | None = None
+    silicon_ttft_ms: float
+    silicon_tpot_ms: float
+
+    @field_validator("batch_size", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+    @field_validator("isl", "osl", "batch_size", "tp_size")
+    @classmethod
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """(model with precision, system): the unit errors are summarized over."""
+        return (f"{self.model_path} {self.precision or 'bf16'}", self.system)
+
+
+def read_rows(path: Path, backend: str = "vllm") -> list[SiliconRow]:
+    """The rows of ``backend``; a bad row raises ConfigError naming its line and column."""
+    rows: list[SiliconRow] = []
+    problems: list[tuple[str, str]] = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(SiliconRow.model_fields) - set(reader.fieldnames or ())
+        missing -= {k for k, v in SiliconRow.model_fields.items() if not v.is_required()}
+        if missing:
+            raise ConfigError(str(path), [("header", f"missing column(s): {', '.join(sorted(missing))}")])
+        for line, raw in enumerate(reader, start=2):
+            if raw.get("backend") != backend:
+                continue
+            try:
+                rows.append(SiliconRow.model_validate(raw))
+            except ValidationError as err:
+                for e in err.errors():
+                    col = ".".join(str(p) for p in e["loc"])
+                    problems.append((f"line {line}, column {col}", e["msg"]))
+    if problems:
+        raise ConfigError(str(path), problems)
+    return rows
+
+
+def derived_model_name(row: SiliconRow) -> str:
+    """``meta-llama/Llama-3.1-70B`` at fp8 -> ``llama-3.1-70b-fp8`` (``-instruct`` dropped)."""
+    explicit = MODEL_NAMES.get((row.model_path, row.precision))
+    if explicit is not None:
+        return explicit
+    base = row.model_path.rsplit("/", 1)[-1].lower().replace("-instruct", "")
+    suffix = PRECISION_SUFFIX.get(row.precision.lower(), f"-{row.precision.lower()}")
+    return base if not suffix or base.endswith(suffix) else base + suffix
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row the presets express, with the one-engine cluster that replays it."""
+
+    row: SiliconRow
+    model: str
+    hardware: str
+    concurrency: int
+    tp: int
+    spec: ClusterSpec
+
+
+@dataclass(frozen=True)
+class Skip:
+    row: SiliconRow
+    reason: str
+
+
+def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp: int,
+                catalog: Catalog) -> ClusterSpec:
+    """One engine on ``tp_size`` GPUs, configured as aiconfigurator's benchmark deployment (module doc)."""
+    data = {
+        "name": "validate",
+        "nodes": [{"name": "node0", "region": "local", "hardware": hardware, "gpus": tp,
+                   "engines": [{"name": "engine", "model": model, "tp": tp, "scheduler": {
+                       "max_num_seqs": concurrency,
+                       "max_num_batched_tokens": concurrency + row.isl + BATCHED_TOKENS_SLACK,
+                       "enable_prefix_caching": False,
+                   }}]}],
+    }
+    return ClusterSpec.model_validate(data, context={"catalog": catalog})
+
+
+def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], list[Skip]]:
+    """Split rows into those the presets express and those skipped, each skip with its reason."""
+    cases: list[Case] = []
+    skips: list[Skip] = []
+    for row in rows:
+        model = derived_model_name(row)
+        hardware = SYSTEM_PRESETS.get(row.system)
+        reason = None
+        if row.mode != "agg":
+            reason = f"mode {row.mode!r}: only aggregated runs are replayed"
+        elif row.batch_size is None or row.tp_size is None:
+            reason = "no batch_size or tp_size"
+        elif hardware is None:
+            reason = f"system {row.system!r} has no hardware preset mapping"
+        elif hardware not in catalog.hardware:
+            reason = f"no hardware preset {hardware!r} in the catalog"
+        elif model not in catalog.models:
+            reason = f"no model preset {model!r} in the catalog"
+        elif (row.attention_dp_size or 1) > 1:
+            reason = f"data-parallel attention (dp {row.attention_dp_size}) is not replayed"
+        if reason is not None:
+            skips.append(Skip(row, reason))
+            continue
+        assert hardware is not None and row.batch_size is not None and row.tp_size is not None
+        try:
+            spec = cluster_for(row, model, hardware, row.batch_size, row.tp_size, catalog)
+        except (ConfigError, ValidationError, ValueError) as err:
+            first = str(err).strip().splitlines()[-1].strip()
+            skips.append(Skip(row, f"the presets reject it: {first}"))
+            continue
+        cases.append(Case(row, model, hardware, row.batch_size, row.tp_size, spec))
+    return cases, skips
+
+
+def sample(cases: list[Case], per_group: int = QUICK_PER_GROUP) -> list[Case]:
+    """A few rows per group, spread over the group's (concurrency, isl, osl) order; deterministic.
+
+    Among rows of equal rank the cheapest to simulate is kept (fewest decode steps x clients).
+    """
+    by_group: dict[tuple[str, str], list[Case]] = defaultdict(list)
+    for c in cases:
+        by_group[c.row.group].append(c)
+    out: list[Case] = []
+    for group in sorted(by_group):
+        members = sorted(by_group[group], key=lambda c: (c.row.osl, c.concurrency, c.row.isl, c.tp))
+        if len(members) <= per_group:
+            out.extend(members)
+            continue
+        cheap = members[: max(per_group, len(members) // 2)]  # the cheaper half, spread over it
+        step = (len(cheap) - 1) / max(1, per_group - 1)
+        out.extend(cheap[round(i * step)] for i in range(per_group))
+    return out
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: Case
+    ttft_ms: float
+    tpot_ms: float
+    steps: int
+    preemptions: int
+    num_blocks: int
+    cost_model: str
+    wall_s: float
+
+    @property
+    def ttft_error(self) -> float:
+        return self.ttft_ms / self.case.row.silicon_ttft_ms - 1.0
+
+    @property
+    def tpot_error(self) -> float:
+        return self.tpot_ms / self.case.row.silicon_tpot_ms - 1.0
+
+
+def aiperf_mean(values: list[float], concurrency: int, rounds: int = AIPERF_ROUNDS) -> float:
+    """Mean over aiperf's ``rounds`` x C requests from fewer simulated ones (module docstring).
+
+    ``values`` are per request in send order; the first C are the burst, the rest the steady state.
+    """
+    burst, steady = values[:concurrency], values[concurrency:]
+    if not steady:
+        return statistics.fmean(burst)
+    return (statistics.fmean(burst) + (rounds - 1) * statistics.fmean(steady)) / rounds
+
+
+def run_case(case: Case, rounds: int = DEFAULT_ROUNDS, catalog: Catalog | None = None) -> CaseResult:
+    inst = case.spec.engines(catalog)[0]
+    cfg, cost = build_engine(inst)
+    row = case.row
+    t0 = time.perf_counter()
+    result: RunResult = VirtualDriver(cfg, cost).run(
+        ClosedLoop(case.concurrency, rounds * case.concurrency, row.isl, row.osl))
+    wall = time.perf_counter() - t0
+    recs = result.records
+    return CaseResult(case, aiperf_mean([r.ttft_ms for r in recs], case.concurrency),
+                      aiperf_mean([r.tpot_ms for r in recs], case.concurrency), result.steps,
+                      result.preemptions, cfg.num_blocks, cost.name, wall)
+
+
+def _p(values: list[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default)."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    k = (len(data) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    model: str
+    system: str
+    rows: int
+    ttft_median: float
+    ttft_p90: float
+    tpot_median: float
+    tpot_p90: float
+    ttft_bias: float
+    tpot_bias: float
+    """Median signed error: positive when the emulator is slower than the measurement."""
+
+    def within(self, ttft_bound: float, tpot_bound: float) -> bool:
+        return self.ttft_median <= ttft_bound and self.tpot_median <= tpot_bound
+
+
+def summarize(results: list[CaseResult]) -> list[GroupSummary]:
+    by_group: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for r in results:
+        by_group[r.case.row.group].append(r)
+    out = []
+    for (model, system), rs in sorted(by_group.items()):
+        te = [abs(r.ttft_error) for r in rs]
+        pe = [abs(r.tpot_error) for r in rs]
+        out.append(GroupSummary(model, system, len(rs), _p(te, 50), _p(te, 90), _p(pe, 50), _p(pe, 90),
+                                _p([r.ttft_error for r in rs], 50), _p([r.tpot_error for r in rs], 50)))
+    return out
+
+
+@dataclass
+class Validation:
+    results: list[CaseResult] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def groups(self) -> list[GroupSummary]:
+        return summarize(self.results)
+
+
+def validate(path: Path, catalog: Catalog, *, quick: bool = False, rounds: int | None = None,
+             per_group: int = QUICK_PER_GROUP,
+             progress: Callable[[CaseResult], None] | None = None) -> Validation:
+    """Replay every row the presets express (a sample of each group with ``quick``)."""
+    t0 = time.perf_counter()
+    cases, skips = resolve(read_rows(path), catalog)
+    if quick:
+        cases = sample(cases, per_group)
+    n_rounds = rounds or (QUICK_ROUNDS if quick else DEFAULT_ROUNDS)
+    out = Validation(skipped=skips)
+    for case in cases:
+        res = run_case(case, n_rounds, catalog)
+        out.results.append(res)
+        if progress is not None:
+            progress(res)
+    out.wall_s = time.perf_counter() - t0
+    return out

@@ -1,0 +1,123 @@
+"""``validate``: reading the measured-runs table, resolving rows to presets, replaying them on virtual time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.validation import (
+    SiliconRow,
+    aiperf_mean,
+    derived_model_name,
+    read_rows,
+    resolve,
+    sample,
+    validate,
+)
+from config.catalog import default_catalog
+from config.errors import ConfigError
+from run_cluster import main
+
+HEADER = ("id,backend,backend_version,model_path,system,precision,mode,isl,osl,batch_size,tp_size,"
+          "attention_dp_size,moe_tp_size,moe_ep_size,silicon_ttft_ms,silicon_tpot_ms\n")
+
+
+def write_csv(path: Path, rows: list[str]) -> Path:
+    path.write_text(HEADER + "".join(r + "\n" for r in rows))
+    return path
+
+
+ROWS = [
+    "a,vllm,0.19.0,meta-llama/Llama-3.1-70B,h200_sxm,fp8,agg,256,16,4,2,1,2,1,100.0,20.0",
+    "b,vllm,0.19.0,meta-llama/Llama-3.1-70B,h200_sxm,fp8,agg,512,8,2,4,1,4,1,80.0,15.0",
+    "c,vllm,0.12.0,Qwen/Qwen3-32B,h100_sxm,,agg,128,8,2,2,,1,1,50.0,12.0",
+    "d,vllm,0.19.0,Some/Unknown-Model,h100_sxm,fp8,agg,128,8,2,2,,1,1,50.0,12.0",
+    "e,vllm,0.19.0,Qwen/Qwen3-32B,tpu_v9,,agg,128,8,2,2,,1,1,50.0,12.0",
+    "f,vllm,0.12.0,Qwen/Qwen3-32B,h100_sxm,fp8,disagg,128,8,,,,,,50.0,12.0",
+    "g,sglang,0.5,Qwen/Qwen3-32B,h100_sxm,,agg,128,8,2,2,,1,1,50.0,12.0",
+]
+
+
+def test_rows_resolve_to_presets_or_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    rows = read_rows(write_csv(tmp_path / "s.csv", ROWS))
+    assert [r.id for r in rows] == ["a", "b", "c", "d", "e", "f"]  # other backends are not read
+    cases, skips = resolve(rows, default_catalog())
+    assert [(c.row.id, c.model, c.hardware, c.tp, c.concurrency) for c in cases] == [
+        ("a", "llama-3.1-70b-fp8", "h200-141g-sxm", 2, 4),
+        ("b", "llama-3.1-70b-fp8", "h200-141g-sxm", 4, 2),
+        ("c", "qwen3-32b", "h100-80g-sxm", 2, 2),
+    ]
+    reasons = {s.row.id: s.reason for s in skips}
+    assert "no model preset 'unknown-model-fp8'" in reasons["d"]
+    assert "'tpu_v9' has no hardware preset" in reasons["e"]
+    assert "only aggregated runs" in reasons["f"]
+    sched = cases[0].spec.nodes[0].engines[0].scheduler
+    assert sched.max_num_seqs == 4 and sched.max_num_batched_tokens == 4 + 256 + 1500
+    assert not sched.enable_prefix_caching
+
+
+def test_derived_model_names() -> None:
+    def row(path: str, precision: str) -> SiliconRow:
+        return SiliconRow(id="x", backend="vllm", model_path=path, system="h100_sxm", precision=precision,
+                          mode="agg", isl=1, osl=1, silicon_ttft_ms=1, silicon_tpot_ms=1)
+
+    assert derived_model_name(row("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8")) == "llama-3.1-8b-fp8"
+    assert derived_model_name(row("Qwen/Qwen3-32B", "")) == "qwen3-32b"
+    assert derived_model_name(row("meta-llama/Llama-3.1-70B", "fp4")) == "llama-3.1-70b-fp4"
+
+
+def test_a_bad_cell_is_named_by_line_and_column(tmp_path: Path) -> None:
+    bad = [*ROWS[:2], "z,vllm,0.19.0,Qwen/Qwen3-32B,h100_sxm,,agg,lots,8,2,2,,1,1,50.0,12.0"]
+    with pytest.raises(ConfigError) as err:
+        read_rows(write_csv(tmp_path / "s.csv", bad))
+    assert err.value.problems[0][0] == "line 4, column isl"
+    (tmp_path / "h.csv").write_text("id,backend\nx,vllm\n")
+    with pytest.raises(ConfigError, match="missing column"):
+        read_rows(tmp_path / "h.csv")
+
+
+def test_aiperf_mean_weighs_the_burst_as_one_round_in_twenty() -> None:
+    assert aiperf_mean([10.0, 10.0, 1.0, 1.0, 1.0, 1.0], 2) == pytest.approx((10 + 19 * 1) / 20)
+    assert aiperf_mean([4.0, 6.0], 2) == pytest.approx(5.0)
+
+
+def test_quick_samples_a_few_rows_per_group(tmp_path: Path) -> None:
+    rows = [f"r{i},vllm,0.19.0,meta-llama/Llama-3.1-70B,h200_sxm,fp8,agg,128,{8 + i},2,2,1,2,1,1.0,1.0"
+            for i in range(10)]
+    cases, _ = resolve(read_rows(write_csv(tmp_path / "s.csv", rows)), default_catalog())
+    picked = sample(cases, 3)
+    assert len(picked) == 3 and len({c.row.id for c in picked}) == 3
+    assert sample(cases, 3) == picked  # deterministic
+
+
+def test_validate_replays_rows_on_the_engine(tmp_path: Path) -> None:
+    res = validate(write_csv(tmp_path / "s.csv", ROWS), default_catalog(), rounds=2)
+    assert [r.case.row.id for r in res.results] == ["a", "b", "c"]
+    for r in res.results:
+        assert r.ttft_ms > 0 and r.tpot_ms > 0 and r.steps > 0
+        assert r.ttft_error == pytest.approx(r.ttft_ms / r.case.row.silicon_ttft_ms - 1)
+    # More GPUs for the same model and hardware: a decode step is no slower.
+    a, b = res.results[0], res.results[1]
+    assert b.tpot_ms <= a.tpot_ms * 1.05
+    groups = res.groups
+    assert [(g.model, g.system, g.rows) for g in groups] == [
+        ("Qwen/Qwen3-32B bf16", "h100_sxm", 1), ("meta-llama/Llama-3.1-70B fp8", "h200_sxm", 2)]
+
+
+def test_cli_prints_one_json_object_last(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_csv(tmp_path / "s.csv", ROWS)
+    assert main(["validate", "--csv", str(path), "--quick", "--rounds", "2", "--json"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    doc = json.loads(last)
+    assert doc["rows_replayed"] == 3 and doc["rows_skipped"] == 3
+    assert {g["gpu"] for g in doc["groups"]} == {"h100_sxm", "h200_sxm"}
+    assert {"ttft_median_ape", "ttft_p90_ape", "tpot_median_ape", "tpot_p90_ape"} <= set(doc["groups"][0])
+    assert {s["id"] for s in doc["skipped"]} == {"d", "e", "f"}
+
+
+def test_cli_skips_when_the_table_is_absent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--csv", str(tmp_path / "none.csv"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["skipped"] is True and "absent" in doc["reason"]
