@@ -148,6 +148,7 @@ class Engine:
         self._hold_lease: dict[RequestId, float] = {}
         self.lease_expiries = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._last_start: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -392,7 +393,13 @@ class Engine:
             start = now if early is None else min(now, early)
         else:
             start = prev_end
-        step = sched.schedule(start)
+        # Async scheduling: vLLM planned this step when the previous one started, so only requests that
+        # had arrived by then join it; with nothing to run it plans again at once (the step is empty).
+        admit_by = (self._last_start if self.cfg.limits.async_scheduling and prev_end is not None
+                    else None)
+        step = sched.schedule(start, admit_by)
+        if step.empty and admit_by is not None:
+            step = sched.schedule(start)
         if step.empty:
             early = sched.earliest_waiting_arrival()
             if early is not None and start < early <= now:
@@ -404,6 +411,7 @@ class Engine:
     def apply_step(self, step: ScheduledStep, cost: StepTime, end: float, lag: float) -> None:
         """Apply a step that ended at emulated ``end``: tokens out, listeners and observers told, KV events."""
         self.steps += 1
+        self._last_start = step.start_ms
         self.busy_ms += cost.total_ms
         self.lag.add(lag)
         outputs = self.scheduler.complete(step, end)

@@ -55,6 +55,8 @@ class Sequence:
     """Keep the KV blocks after finishing (a prefill whose KV a decode engine will take) until released."""
     preloaded: bool = False
     """The prompt's KV is already in this sequence's blocks (it arrived from a prefill engine)."""
+    priority: int = 0
+    """Scheduling priority under the ``priority`` policy: lower runs first (as vLLM)."""
 
     @property
     def num_tokens(self) -> int:
