@@ -8,14 +8,16 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.base import Fraction, Frozen, Name, NonNegativeFloat, PositiveFloat, PositiveInt
 from config.catalog import Catalog, catalog_from_context
+from config.errors import ConfigError
 from config.hardware import HardwareProfile
 from config.link import LinkProfile
 from config.model import ModelProfile
 from config.profile import EmpiricalProfile
+from config.step_profile import load_step_profile
 from config.yamlio import SpecProblems, read_yaml, validate
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -43,6 +45,13 @@ class SchedulerSpec(Frozen):
     """Memory kept for activations and CUDA graphs, per GPU, not available to the KV cache."""
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    """A prefill chunk takes at most this many tokens of a step (0: no cap), as vLLM's setting."""
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    """Waiting order and preemption victim: arrival order and the last running request, or
+    (priority, arrival) and the lowest-priority running request (``actors.engine.scheduler``)."""
+    async_scheduling: bool = True
+    """vLLM's async scheduling (its default in 0.19): a step is planned while the previous one runs."""
 
 
 class EngineGroupSpec(Frozen):
@@ -57,6 +66,19 @@ class EngineGroupSpec(Frozen):
     tp: PositiveInt = 1
     replicas: PositiveInt = 1
     scheduler: SchedulerSpec = SchedulerSpec()
+    step_profile: str | None = None
+    """A measured step-time table (``config.step_profile``'s CSV format) that replaces the model's
+    roofline step times; the path is read where the engine starts (relative: to the working directory)."""
+
+    @field_validator("step_profile")
+    @classmethod
+    def _step_profile_readable(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                load_step_profile(v)
+            except ConfigError as e:
+                raise ValueError("; ".join(f"{path}: {why}" for path, why in e.problems)) from None
+        return v
 
 
 class NodeSpec(Frozen):

@@ -5,9 +5,11 @@ from __future__ import annotations
 from actors.cost_model import CostModel, EmpiricalCostModel, RooflineCostModel
 from actors.engine.engine import EngineConfig
 from actors.engine.scheduler import SchedulerLimits
+from actors.profile_cost import ProfileCostModel
 from config.cluster import EngineInstance, SchedulerSpec
 from config.hardware import HardwareProfile
 from config.model import ModelProfile
+from config.step_profile import load_step_profile
 
 DEFAULT_VOCAB = 32000
 
@@ -43,8 +45,13 @@ def build_engine(inst: EngineInstance) -> tuple[EngineConfig, CostModel]:
         max_ctx = inst.profile.max_context
     else:  # pragma: no cover - the spec validator guarantees one of them
         raise ValueError(f"engine {inst.name} has neither a model nor a profile")
+    if inst.group.step_profile is not None:
+        # A measured step-time table replaces the step times; KV size and context stay the model's.
+        cost = ProfileCostModel(load_step_profile(inst.group.step_profile), name=name,
+                                kv_bytes_per_token=cost.kv_bytes_per_token, max_context=max_ctx)
     limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, max_ctx,
-                             sched.enable_chunked_prefill)
+                             sched.enable_chunked_prefill, sched.long_prefill_token_threshold,
+                             sched.policy, sched.async_scheduling)
     cfg = EngineConfig(inst.name, name, inst.role, blocks, sched.block_size, limits,
                        sched.enable_prefix_caching, vocab)
     return cfg, cost

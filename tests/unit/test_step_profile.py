@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from actors.cost_model import StepShape
+from actors.engine.factory import build_engine
 from actors.profile_cost import ProfileCostModel
+from config.catalog import default_catalog
+from config.cluster import ClusterSpec
 from config.errors import ConfigError
 from config.step_profile import load_step_profile, parse_step_profile
 
@@ -83,3 +87,32 @@ def test_load_reads_a_file_and_names_a_missing_one(tmp_path: Path) -> None:
     assert load_step_profile(path).decode.tokens == (1, 64)
     with pytest.raises(ConfigError, match="cannot read"):
         load_step_profile(tmp_path / "none.csv")
+
+
+def spec(tmp_path: Path, step_profile: str | None, **sched: object) -> ClusterSpec:
+    group: dict[str, object] = {"name": "e", "model": "llama-3.1-8b", "scheduler": sched}
+    if step_profile is not None:
+        group["step_profile"] = step_profile
+    return ClusterSpec.model_validate({"name": "c", "nodes": [
+        {"name": "n", "region": "local", "hardware": "h100-80g-sxm", "engines": [group]}]})
+
+
+def test_an_engine_spec_selects_the_profile_instead_of_the_roofline(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.csv"
+    path.write_text(TABLE)
+    cfg, cost = build_engine(spec(tmp_path, str(path), long_prefill_token_threshold=256, policy="priority",
+                                  async_scheduling=False).engines()[0])
+    assert isinstance(cost, ProfileCostModel)
+    assert cost.step(StepShape.of(decodes=[1000])).total_ms == pytest.approx(10)
+    assert cost.kv_bytes_per_token == default_catalog().models.get("llama-3.1-8b").kv_bytes_per_token
+    assert (cfg.limits.long_prefill_token_threshold, cfg.limits.policy, cfg.limits.async_scheduling) == (
+        256, "priority", False)
+    _, roofline = build_engine(spec(tmp_path, None).engines()[0])
+    assert not isinstance(roofline, ProfileCostModel)
+
+
+def test_a_spec_naming_a_bad_profile_fails_at_load_with_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.csv"
+    path.write_text(TABLE.replace("decode,64,1000,14", "decode,64,1000,-1"))
+    with pytest.raises(ValidationError, match="line 5, column ms"):
+        spec(tmp_path, str(path))
