@@ -173,7 +173,9 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
 
     from actors.worker import GpuWorker
     from cluster.router.actor import RouterActor
+    from cluster.router.checks import check_router_spec
 
+    check_router_spec(spec.router)  # a bad policy or parameter fails here, before anything starts
     say = progress or (lambda msg: None)
     t0 = time.monotonic()
     owns, tmp = _init_ray(address)

@@ -1,5 +1,8 @@
 """Region strategies: which regions a request may be served from, and what a remote choice costs.
 
+A strategy ranks the eligible pool for one request given the policy; each lives in ``REGION_STRATEGIES``
+under its config name, like the policies:
+
 - ``ROUND_ROBIN``: every eligible replica in every region, in rotation (cache and distance ignored).
 - ``REGIONAL``: the policy chooses among the origin region's replicas; other regions only when none
   there is eligible (nearest first).
@@ -7,22 +10,25 @@
   the origin, plus the prefill of the blocks the replica does not hold (from its cost model), scaled by
   its queue. A remote cache hit wins when the prefill it saves exceeds the round trip.
 
+``needs_prefix`` says whether the strategy reads prefix overlaps (GLOBAL does, whatever the policy).
 A replica outside the origin region costs the emulated round trip, which the router waits before
 forwarding (latency is emulated in the application; this kernel has no netem).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
-from typing import Literal
+from typing import ClassVar, Protocol
 
-from cluster.router.view import RequestContext, WorkerInfo
-
-RegionStrategy = Literal["ROUND_ROBIN", "REGIONAL", "GLOBAL"]
-STRATEGIES: tuple[str, ...] = ("ROUND_ROBIN", "REGIONAL", "GLOBAL")
+from cluster.router.policies.base import NoParams, RoutingPolicy
+from cluster.router.policies.basic import RoundRobin
+from cluster.router.view import ClusterView, RequestContext, WorkerInfo
 
 
 class Topology:
+    """Round-trip times between regions (symmetric; 0 within a region or for an unknown pair)."""
+
     def __init__(self, rtt_ms: dict[tuple[str, str], float] | None = None) -> None:
         self._rtt = {}
         for (a, b), v in (rtt_ms or {}).items():
@@ -60,3 +66,61 @@ def regional_split(candidates: list[WorkerInfo], ctx: RequestContext,
     rest = sorted((w for w in candidates if w.region != ctx.origin_region),
                   key=lambda w: (topo.rtt_ms(ctx.origin_region, w.region), w.name))
     return local, rest
+
+
+class RegionStrategy(Protocol):
+    needs_prefix: ClassVar[bool]
+
+    def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext,
+             view: ClusterView) -> list[WorkerInfo]:
+        """The pool (non-empty, in name order) ordered best first."""
+        ...
+
+
+class RoundRobinRegions:
+    needs_prefix: ClassVar[bool] = False
+
+    def __init__(self, topology: Topology, prefill_ms: PrefillEstimate) -> None:
+        self._rotation = RoundRobin(random.Random(0), NoParams())
+
+    def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext,
+             view: ClusterView) -> list[WorkerInfo]:
+        return self._rotation.rank(pool, ctx, view)
+
+
+class Regional:
+    needs_prefix: ClassVar[bool] = False
+
+    def __init__(self, topology: Topology, prefill_ms: PrefillEstimate) -> None:
+        self.topology = topology
+
+    def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext,
+             view: ClusterView) -> list[WorkerInfo]:
+        local, rest = regional_split(pool, ctx, self.topology)
+        return policy.rank(local, ctx, view) + rest if local else rest
+
+
+class Global:
+    needs_prefix: ClassVar[bool] = True
+
+    def __init__(self, topology: Topology, prefill_ms: PrefillEstimate) -> None:
+        self.topology = topology
+        self.prefill_ms = prefill_ms
+
+    def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext,
+             view: ClusterView) -> list[WorkerInfo]:
+        return global_rank(pool, ctx, self.topology, self.prefill_ms)
+
+
+REGION_STRATEGIES: dict[str, Callable[[Topology, PrefillEstimate], RegionStrategy]] = {
+    "ROUND_ROBIN": RoundRobinRegions,
+    "REGIONAL": Regional,
+    "GLOBAL": Global,
+}
+
+
+def make_region_strategy(name: str, topology: Topology, prefill_ms: PrefillEstimate) -> RegionStrategy:
+    try:
+        return REGION_STRATEGIES[name](topology, prefill_ms)
+    except KeyError:
+        raise ValueError(f"unknown region strategy {name!r} (known: {', '.join(REGION_STRATEGIES)})") from None

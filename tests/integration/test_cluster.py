@@ -170,7 +170,8 @@ def test_bad_input_gets_a_clear_error_and_breaks_nothing(cluster: ClusterHandle,
 
 def test_the_routers_socket_survives_garbage_and_speaks_plain_http(cluster: ClusterHandle) -> None:
     """Raw bytes on a real socket: not-HTTP gets a 400 and a close; a curl-style upload (100-continue,
-    chunked) and an HTTP/1.0 request are served; an oversized body gets a 413; the router serves on."""
+    chunked) and an HTTP/1.0 request are served; an oversized body gets a 413 before it is sent; the router
+    serves on."""
     host, port = cluster.router_url.removeprefix("http://").split(":")
 
     async def exchange(data: bytes, *, pause_after_head: bool = False) -> bytes:
@@ -186,21 +187,24 @@ def test_the_routers_socket_survives_garbage_and_speaks_plain_http(cluster: Clus
         finally:
             writer.close()
 
+    def status(answer: bytes) -> int:
+        return int(answer.split(b" ", 2)[1])
+
     async def main() -> None:
         out = await exchange(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage\r\n\r\n")
-        assert out.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in out
+        assert status(out) == 400
         body = json.dumps({"prompt": "hello " * 400, "max_tokens": 2, "ignore_eos": True}).encode()
         chunked = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (body[:1000], body[1000:])) + b"0\r\n\r\n"
         out = await exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              b"Expect: 100-continue\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
                              + chunked, pause_after_head=True)
-        assert out.startswith(b"HTTP/1.1 200")
+        assert status(out) == 200
         assert json.loads(out.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
         out = await exchange(b"GET /v1/models HTTP/1.0\r\n\r\n")
-        assert out.startswith(b"HTTP/1.1 200") and b"llama" in out
+        assert status(out) == 200 and b"llama" in out
         out = await exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                              % (MAX_BODY_BYTES + 1))
-        assert out.startswith(b"HTTP/1.1 413")
+        assert status(out) == 413
         async with aiohttp.ClientSession() as s, s.post(cluster.router_url + "/v1/completions",
                                                         json={"prompt": "still fine", "max_tokens": 2}) as r:
             assert r.status == 200

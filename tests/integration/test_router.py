@@ -18,6 +18,7 @@ from cluster.launch import ClusterHandle, launch
 from config import ClusterSpec
 
 REGIONS = ["us-east-1", "us-west-2", "eu-west-1"]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def spec(name: str, per_region: int, regions: list[str], **router: Any) -> ClusterSpec:

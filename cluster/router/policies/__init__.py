@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from cluster.router.policies import basic, hashing, kv_aware, sglang_cache_aware  # noqa: F401  (registration)
-from cluster.router.policies.base import POLICIES, RoutingPolicy, make_policy, register_policy
+from cluster.router.policies.base import (
+    POLICIES,
+    PolicyError,
+    RoutingPolicy,
+    check_policy,
+    make_policy,
+    register_policy,
+)
 
-__all__ = ["POLICIES", "RoutingPolicy", "make_policy", "register_policy"]
+__all__ = ["POLICIES", "PolicyError", "RoutingPolicy", "check_policy", "make_policy", "register_policy"]

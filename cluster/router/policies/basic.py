@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
-from typing import Any
 
 from cluster.router.policies.base import PolicyBase, by_load, register_policy
 from cluster.router.view import ClusterView, RequestContext, WorkerInfo
@@ -17,7 +15,8 @@ class RoundRobin(PolicyBase):
     name = "round_robin"
     reason = "rotation"
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
+    def __init__(self, rng: random.Random, params: object) -> None:
+        super().__init__(rng, params)
         self._next = 0
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
@@ -30,9 +29,6 @@ class RoundRobin(PolicyBase):
 class RandomChoice(PolicyBase):
     name = "random"
     reason = "random"
-
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        self.rng = rng
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         out = list(candidates)
@@ -47,9 +43,6 @@ class LeastLoaded(PolicyBase):
     name = "least_loaded"
     reason = "least_load"
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        pass
-
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         return by_load(candidates)
 
@@ -60,9 +53,6 @@ class PowerOfTwo(PolicyBase):
 
     name = "power_of_two"
     reason = "two_choices"
-
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        self.rng = rng
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         if len(candidates) <= 2:

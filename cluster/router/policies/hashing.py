@@ -11,11 +11,12 @@ import hashlib
 import math
 import random
 import struct
-from collections.abc import Mapping
-from typing import Any
+
+from pydantic import Field
 
 from cluster.router.policies.base import PolicyBase, by_load, register_policy
 from cluster.router.view import ClusterView, RequestContext, WorkerInfo
+from config.base import Frozen
 
 
 def rendezvous(key: bytes, candidates: list[WorkerInfo]) -> list[WorkerInfo]:
@@ -35,9 +36,6 @@ class SessionAffinity(PolicyBase):
     name = "session_affinity"
     reason = "session"
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        pass
-
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         if not ctx.session_id:
             self.reason = "no_session"
@@ -54,12 +52,20 @@ class PrefixHash(PolicyBase):
     Without the bound a prefix every request shares (a system prompt) sends the whole trace to one worker.
     """
 
+    class Params(Frozen):
+        prefix_blocks: int = Field(default=4, gt=0)
+        """Leading KV blocks hashed into the key."""
+        load_factor: float = Field(default=1.25, ge=0)
+        """A worker holding this many times its share passes the request on (0: no bound)."""
+
     name = "prefix_hash"
     reason = "prefix_hash"
+    needs_prefix = True
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        self.blocks = int(params.get("prefix_blocks", 4))
-        self.load_factor = float(params.get("load_factor", 1.25))
+    def __init__(self, rng: random.Random, params: PrefixHash.Params) -> None:
+        super().__init__(rng, params)
+        self.blocks = params.prefix_blocks
+        self.load_factor = params.load_factor
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         head = ctx.block_hashes[: self.blocks]

@@ -25,22 +25,30 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from typing import Any
+
+from pydantic import Field
 
 from cluster.router.policies.base import PolicyBase, register_policy
 from cluster.router.view import ClusterView, RequestContext, WorkerInfo
+from config.base import Frozen
 
 
 @register_policy("kv_aware")
 class KVAware(PolicyBase):
+    class Params(Frozen):
+        overlap_weight: float = Field(default=8.0, ge=0)
+        """Weight of a prefill block against a decode block."""
+        temperature: float = Field(default=0.0, ge=0)
+        """0: the cheapest worker; above 0, a softmax draw over relative costs."""
+
     name = "kv_aware"
     reason = "kv_cost"
+    needs_prefix = True
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        self.rng = rng
-        self.weight = float(params.get("overlap_weight", 8.0))
-        self.temperature = float(params.get("temperature", 0.0))
+    def __init__(self, rng: random.Random, params: KVAware.Params) -> None:
+        super().__init__(rng, params)
+        self.weight = params.overlap_weight
+        self.temperature = params.temperature
 
     def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
         new = max(0, ctx.num_blocks - ctx.overlap.get(w.name, 0))

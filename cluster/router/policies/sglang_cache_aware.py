@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+
+from pydantic import Field
 
 from cluster.router.policies.base import PolicyBase, by_load, register_policy
 from cluster.router.view import ClusterView, RequestContext, WorkerInfo
+from config.base import Frozen
 
 
 class _Node:
@@ -158,15 +160,27 @@ class ApproxTree:
 
 @register_policy("sglang_cache_aware")
 class SGLangCacheAware(PolicyBase):
+    class Params(Frozen):
+        """sgl-router's defaults."""
+
+        cache_threshold: float = Field(default=0.5, ge=0, le=1)
+        balance_abs_threshold: int = Field(default=32, ge=0)
+        balance_rel_threshold: float = Field(default=1.0001, ge=0)
+        max_tree_size: int = Field(default=100_000, gt=0)
+        eviction_interval_requests: int = Field(default=256, gt=0)
+
     name = "sglang_cache_aware"
     reason = "cache_hit"
+    needs_prefix = True
+    """It matches the prompt's text (or its ids), which the router fills in with the prefix."""
 
-    def __init__(self, rng: random.Random, params: Mapping[str, Any]) -> None:
-        self.cache_threshold = float(params.get("cache_threshold", 0.5))
-        self.abs_threshold = int(params.get("balance_abs_threshold", 32))
-        self.rel_threshold = float(params.get("balance_rel_threshold", 1.0001))
-        self.max_tree_size = int(params.get("max_tree_size", 100_000))
-        self.eviction_every = int(params.get("eviction_interval_requests", 256))
+    def __init__(self, rng: random.Random, params: SGLangCacheAware.Params) -> None:
+        super().__init__(rng, params)
+        self.cache_threshold = params.cache_threshold
+        self.abs_threshold = params.balance_abs_threshold
+        self.rel_threshold = params.balance_rel_threshold
+        self.max_tree_size = params.max_tree_size
+        self.eviction_every = params.eviction_interval_requests
         self.tree = ApproxTree()
         self._routed = 0
 

@@ -6,10 +6,12 @@ import random
 
 import pytest
 
-from cluster.router.policies import POLICIES, make_policy
+from cluster.router.checks import check_router_spec, router_spec_problems
+from cluster.router.policies import POLICIES, PolicyError, make_policy
 from cluster.router.policies.sglang_cache_aware import ApproxTree
-from cluster.router.regions import Topology, global_rank, regional_split
+from cluster.router.regions import REGION_STRATEGIES, Topology, global_rank, regional_split
 from cluster.router.view import Breaker, ClusterView, RequestContext, WorkerId, WorkerInfo
+from config.cluster import RouterSpec
 
 
 def workers(n: int = 3, region: str = "r") -> list[WorkerInfo]:
@@ -29,8 +31,35 @@ def test_registry_holds_every_policy() -> None:
     for p in ("round_robin", "random", "least_loaded", "power_of_two", "session_affinity", "prefix_hash",
               "kv_aware", "sglang_cache_aware"):
         assert p in POLICIES
-    with pytest.raises(KeyError, match="unknown routing policy"):
+    with pytest.raises(PolicyError, match="unknown routing policy"):
         make_policy("nope")
+
+
+def test_a_misspelt_or_invalid_parameter_is_an_error_naming_it() -> None:
+    with pytest.raises(PolicyError, match="overlap_weigth"):
+        make_policy("kv_aware", params={"overlap_weigth": 2})
+    with pytest.raises(PolicyError, match="temperature"):
+        make_policy("kv_aware", params={"temperature": -1})
+    with pytest.raises(PolicyError, match="round_robin"):
+        make_policy("round_robin", params={"anything": 1})
+    assert make_policy("prefix_hash", params={"prefix_blocks": "3"}).blocks == 3  # type: ignore[attr-defined]
+
+
+def test_router_spec_problems_name_the_field() -> None:
+    ok = RouterSpec(policy="kv_aware", policy_params={"overlap_weight": 2})
+    assert router_spec_problems(ok) == []
+    bad = RouterSpec(policy="kv_aware", policy_params={"overlap_weigth": 2}, region_strategy="NEAREST")
+    assert [path for path, _ in router_spec_problems(bad)] == ["router.policy_params", "router.region_strategy"]
+    assert [path for path, _ in router_spec_problems(RouterSpec(policy="nope"))] == ["router.policy"]
+    with pytest.raises(ValueError, match="overlap_weigth"):
+        check_router_spec(bad)
+
+
+def test_policies_and_strategies_say_whether_they_need_the_prefix() -> None:
+    assert {n for n in POLICIES if make_policy(n).needs_prefix} == {"kv_aware", "prefix_hash",
+                                                                    "sglang_cache_aware"}
+    topo = Topology()
+    assert {n for n, f in REGION_STRATEGIES.items() if f(topo, lambda w, a, b: 0.0).needs_prefix} == {"GLOBAL"}
 
 
 def test_round_robin_rotates() -> None:

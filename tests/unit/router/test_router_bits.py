@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cluster.router.app import RoutedRequest, splice_json
+from cluster.router.choice import RoutedRequest
+from cluster.router.proxy import splice_json
 
 
 def test_splice_json_appends_and_overrides() -> None:

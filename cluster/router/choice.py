@@ -1,0 +1,143 @@
+"""Choosing workers for a request: the eligible pool, the prompt's prefix, the policy's ranking.
+
+- ``eligible``: healthy (feed alive), breaker closed, serving the model, of the allowed roles and, when the
+  request names a residency region, *only* that region's (a hard filter: first try, retries, migration);
+- ``prepare``: when the policy or the region strategy ``needs_prefix``, the prompt's token ids and KV block
+  hashes, computed as the engines will (same tokenizer, same hashing), and each candidate's prefix overlap
+  from the prefix index (the engines' KV events) or the approximate index (what the router sent where);
+- ``rank``: the region strategy orders the pool, the policy choosing within it.
+
+The chooser holds no request state; it is deterministic given its RNG and the view.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from actors.engine.kv_blocks import hash_request_blocks
+from actors.engine.tokenizer import Tokenizer
+from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
+from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
+from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
+from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
+from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
+from config.cluster import RouterSpec
+
+WHOLE_REQUEST_ROLES = ("colocated", "decode")
+"""Roles that serve a whole request: colocated engines, and decode engines in a P/D cluster."""
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    """The few fields the router reads; the engine validates the whole request."""
+
+    body: dict[str, Any]
+    chat: bool
+    model: str | None
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    ignore_eos: bool
+
+    @staticmethod
+    def of(body: dict[str, Any], chat: bool) -> RoutedRequest:
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ApiError(400, "invalid field 'model': Input should be a valid string", "model")
+        opts = body.get("stream_options")
+        limit = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens", 16)
+        return RoutedRequest(body, chat, model, body.get("stream") is True,
+                             isinstance(opts, dict) and opts.get("include_usage") is True,
+                             limit if isinstance(limit, int) else None, body.get("ignore_eos") is True)
+
+
+class Chooser:
+    def __init__(self, spec: RouterSpec, view: ClusterView, topology: Topology, prefill_ms: PrefillEstimate,
+                 rng: random.Random) -> None:
+        self.spec = spec
+        self.view = view
+        self.rng = rng
+        self.index = PrefixIndex()
+        self.approx = ApproximateIndex(spec.approx_ttl_s * 1000.0)
+        self.strategy = make_region_strategy(spec.region_strategy, topology, prefill_ms)
+        self.policy = make_policy(spec.policy, rng, spec.policy_params)
+        self._policies: dict[str, RoutingPolicy] = {spec.policy: self.policy}
+        self._tokenizers: dict[int, Tokenizer] = {}
+
+    def policy_for(self, name: str | None) -> RoutingPolicy:
+        """The configured policy, or the one a request names (``X-Route-Policy``) with default parameters."""
+        if not name:
+            return self.policy
+        p = self._policies.get(name)
+        if p is None:
+            if name not in POLICIES:
+                raise ApiError(400, f"unknown routing policy {name!r} in X-Route-Policy "
+                                    f"(known: {', '.join(sorted(POLICIES))})")
+            p = self._policies[name] = make_policy(name, self.rng)
+        return p
+
+    def eligible(self, model: str | None, residency: str | None, exclude: set[WorkerId] | None = None,
+                 roles: tuple[str, ...] = WHOLE_REQUEST_ROLES) -> list[WorkerInfo]:
+        skip = exclude or set()
+        out = [w for w in self.view.workers.values()
+               if w.role in roles and w.name not in skip and self.view.eligible(w)
+               and (model is None or not w.model or w.model == model)
+               and (residency is None or w.region == residency)]
+        return sorted(out, key=lambda w: w.name)
+
+    def needs_prefix(self, policy: RoutingPolicy) -> bool:
+        return policy.needs_prefix or self.strategy.needs_prefix
+
+    def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo]) -> None:
+        """Token ids and block hashes as the engines will compute them. A prompt that is not one of the
+        accepted shapes yields no ids here (the engine's 400 will reach the client)."""
+        if ctx.prompt_ids or not workers:
+            return
+        vocab = workers[0].vocab_size
+        tok = self._tokenizers.get(vocab)
+        if tok is None:
+            tok = self._tokenizers[vocab] = Tokenizer(vocab)
+        try:
+            if req.chat:
+                chat = validate_request(req.body, ChatCompletionRequest)
+                pairs = [(m.role, m.text()) for m in chat.messages]
+                ctx.prompt_ids = tok.chat_prompt(pairs)
+                ctx.text = "".join(t for _, t in pairs)
+            else:
+                p = req.body.get("prompt")
+                if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
+                    p = p[0]
+                if isinstance(p, str):
+                    ctx.prompt_ids, ctx.text = tok.encode(p), p
+                elif isinstance(p, list) and all(isinstance(x, int) for x in p):
+                    ctx.prompt_ids = p
+        except ApiError:
+            return
+        ctx.block_hashes = [int(h) for h in hash_request_blocks(ctx.prompt_ids, workers[0].block_size)]
+
+    def overlap(self, ctx: RequestContext, workers: list[WorkerInfo]) -> dict[WorkerId, int]:
+        names = [w.name for w in workers]
+        if self.spec.index_mode == "events":
+            return self.index.overlap(ctx.block_hashes, names)
+        return self.approx.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
+
+    def prepare(self, policy: RoutingPolicy, ctx: RequestContext, req: RoutedRequest,
+                pool: list[WorkerInfo]) -> None:
+        if self.needs_prefix(policy):
+            self.fill_prompt(ctx, req, pool)
+            ctx.overlap = self.overlap(ctx, pool)
+
+    def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext) -> list[WorkerInfo]:
+        return self.strategy.rank(policy, pool, ctx, self.view)
+
+    def routed(self, policy: RoutingPolicy, worker: WorkerInfo, ctx: RequestContext) -> None:
+        """The request goes to ``worker``: the policy's state, and the approximate index, learn it."""
+        policy.on_routed(worker, ctx)
+        if ctx.block_hashes and self.spec.index_mode == "approximate":
+            self.approx.record(worker.name, ctx.block_hashes, self.view.now() * 1000.0)
+
+    def drop_worker(self, name: WorkerId) -> None:
+        self.index.drop_worker(name)
+        self.approx.drop_worker(name)

@@ -1,0 +1,190 @@
+"""The colocated flow: forward a request to the ranked workers in turn, relay the answer, migrate on failure.
+
+1. Forward to the best worker (``Attempts.on``: emulated round trip, inflight/sent bookkeeping). A connect
+   failure, a read timeout or a retryable status (5xx) before any byte reached the client counts a failure
+   on the worker's breaker and moves to the next (up to ``max_attempts``); none left: 502.
+2. A whole (non-streamed) answer is passed back as it is. A stream is begun for the client on the worker's
+   first answer and relayed event by event (``Relay``).
+3. If the worker dies mid-stream (or stalls past the read timeout), the client already holds part of the
+   answer: the stream migrates (``Relay.continue_on``) to other eligible workers, least loaded first, in the
+   request's residency region only; none can continue it: an error event and ``[DONE]``.
+4. A client that disconnects raises ``ConnectionResetError`` out of a write, or cancels the handler:
+   leaving the upstream's ``async with`` closes the engine's connection, which aborts its request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.router.attempt import Attempts
+from cluster.router.choice import Chooser, RoutedRequest
+from cluster.router.exchange import SSE_HEADERS, Call, ClientStream, Whole, json_error
+from cluster.router.metrics import RouterMetrics
+from cluster.router.policies import RoutingPolicy
+from cluster.router.relay import Relay, StreamState
+from cluster.router.upstream import Upstream, UpstreamError
+from cluster.router.view import RequestContext, WorkerInfo
+
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*([0-9]+)')
+CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*([0-9]+)')
+
+
+def splice_json(raw: bytes, extra: dict[str, Any]) -> bytes:
+    """``raw`` (a JSON object) with ``extra``'s keys appended; later keys override earlier ones."""
+    end = raw.rstrip().rfind(b"}")
+    head = raw[:end].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return head + sep + json.dumps(extra, separators=(",", ":"))[1:].encode()
+
+
+class _Failed(Exception):
+    """A worker failed before any byte reached the client."""
+
+
+@dataclass
+class Proxied:
+    """One request on its way through the colocated flow."""
+
+    call: Call
+    req: RoutedRequest
+    ctx: RequestContext
+    st: StreamState
+    out: ClientStream
+    policy: RoutingPolicy
+
+
+class ColocatedFlow:
+    def __init__(self, chooser: Chooser, attempts: Attempts, relay: Relay, upstream: Upstream,
+                 metrics: RouterMetrics, *, max_attempts: int, migrate: bool) -> None:
+        self.chooser = chooser
+        self.attempts = attempts
+        self.relay = relay
+        self.upstream = upstream
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+        self.migrate_enabled = migrate
+
+    def payload(self, p: Proxied) -> bytes:
+        if not p.req.stream:
+            return p.call.body
+        # Append the router's needs to the client's own bytes (a later duplicate key wins in JSON parsers),
+        # rather than re-encoding a body that may hold a hundred thousand token ids.
+        opts = p.req.body.get("stream_options")
+        return splice_json(p.call.body, {"output_token_ids": True, "stream_options": {
+            **(opts if isinstance(opts, dict) else {}), "include_usage": True}})
+
+    async def serve(self, p: Proxied, ranked: list[WorkerInfo]) -> Whole | None:
+        payload = self.payload(p)
+        headers = {"Content-Type": "application/json"}
+        rid = p.call.headers.get("X-Request-Id")
+        if rid:
+            headers["X-Request-Id"] = rid
+        last_error = "no attempt made"
+        for attempt, worker in enumerate(ranked[: self.max_attempts]):
+            if attempt:
+                self.metrics.retries.inc_labels("upstream_failure")
+            self.chooser.routed(p.policy, worker, p.ctx)
+            self._note_routed(worker, p.ctx)
+            try:
+                return await self._attempt(p, worker, payload, headers)
+            except _Failed as e:
+                last_error = str(e)
+                self.attempts.failed(worker)
+        self.metrics.responses.inc_labels("502")
+        return json_error(502, f"every attempt failed; last: {last_error}")
+
+    def _note_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
+        if ctx.origin_region is not None and worker.region != ctx.origin_region:
+            self.metrics.cross_region.inc_labels(ctx.origin_region, worker.region)
+        if ctx.block_hashes:
+            hit = ctx.overlap.get(worker.name, 0) * worker.block_size
+            self.metrics.predicted_hit_tokens.inc(min(hit, max(0, len(ctx.prompt_ids) - 1)))
+
+    async def _attempt(self, p: Proxied, worker: WorkerInfo, payload: bytes, headers: dict[str, str]) -> Whole | None:
+        """One worker's answer relayed to the client; raises _Failed before any byte was sent."""
+        st = p.st
+        failure: str | None = None
+        async with self.attempts.on(worker, p.ctx.origin_region):
+            st.owe(worker, max(0, p.ctx.num_blocks - p.ctx.overlap.get(worker.name, 0)))
+            try:
+                try:
+                    up = await self.upstream.request("POST", worker.url, p.call.path, payload, headers)
+                except UpstreamError as e:
+                    raise _Failed(f"{worker.name}: {e}") from None
+                async with up:
+                    if up.status in RETRYABLE_STATUS:
+                        try:
+                            text = (await up.read()).decode("utf-8", "replace")
+                        except UpstreamError as e:
+                            text = str(e)
+                        raise _Failed(f"{worker.name}: HTTP {up.status}: {text[:200]}")
+                    ctype = up.headers.get("Content-Type", "application/json")
+                    served = {"X-Served-By": worker.name, "X-Served-Region": worker.region}
+                    if not p.req.stream or not ctype.startswith("text/event-stream"):
+                        try:
+                            data = await up.read()
+                        except UpstreamError as e:
+                            raise _Failed(f"{worker.name}: {e}") from None
+                        self._count_usage(data)
+                        self.attempts.succeeded(worker)
+                        self.metrics.responses.inc_labels(str(up.status))
+                        return Whole(up.status, data, {"Content-Type": ctype, **served})
+                    try:
+                        await p.out.start({**SSE_HEADERS, **served})
+                        failure = await self.relay.relay(up, p.out, st)
+                        if failure is None:
+                            self.attempts.succeeded(worker)
+                            await self.relay.finish(p.out, st)
+                            self.metrics.responses.inc_labels("200")
+                            return None
+                    except DISCONNECTS:
+                        # The client left: leaving this block closes the upstream connection, which aborts
+                        # the request on the engine.
+                        self.metrics.responses.inc_labels("499")
+                        return None
+            finally:
+                st.settle()
+        # The worker died mid-stream: the client holds part of the answer, so continue it elsewhere.
+        self.attempts.failed(worker)
+        try:
+            await self.migrate(p, worker, failure or "stream broke")
+        except DISCONNECTS:
+            self.metrics.responses.inc_labels("499")
+        return None
+
+    async def migrate(self, p: Proxied, failed: WorkerInfo, why: str) -> None:
+        """Continue a broken stream on other eligible workers: prompt + streamed tokens, remaining budget."""
+        st, req, ctx = p.st, p.req, p.ctx
+        candidates = self.chooser.eligible(req.model, ctx.residency, {failed.name})
+        if not self.migrate_enabled or not candidates:
+            self.metrics.migrations.inc_labels("failed")
+            await self.relay.fail(p.out, 502, f"worker failed mid-stream ({why}) and no other eligible worker "
+                                              "could continue it")
+            return
+        self.chooser.fill_prompt(ctx, req, candidates)
+        st.prompt_ids = ctx.prompt_ids
+        st.prompt_tokens = len(ctx.prompt_ids)
+        done_before = st.remaining is not None and st.remaining <= 0
+        by_load = sorted(candidates, key=lambda w: (w.load, w.name))[: self.max_attempts]
+        if await self.relay.continue_on(by_load, st, model=req.model, ignore_eos=req.ignore_eos,
+                                        origin=ctx.origin_region, sink=p.out):
+            self.metrics.migrations.inc_labels("already_complete" if done_before else "ok")
+            await self.relay.finish(p.out, st)
+            self.metrics.responses.inc_labels("200")
+            return
+        self.metrics.migrations.inc_labels("failed")
+        await self.relay.fail(p.out, 502, f"worker failed mid-stream ({why}); migration failed too")
+
+    def _count_usage(self, data: bytes) -> None:
+        """Count a whole answer's prompt and cached tokens (read from its usage, without parsing it all)."""
+        m = PROMPT_TOKENS.search(data)
+        if m:
+            self.metrics.prompt_tokens.inc(int(m.group(1)))
+        m = CACHED_TOKENS.search(data)
+        if m and m.group(1) != b"0":
+            self.metrics.realized_hit_tokens.inc(int(m.group(1)))

@@ -1,0 +1,211 @@
+"""The stream relay: engines' SSE answers to the client, reshaped when needed, continued elsewhere on failure.
+
+Both flows call it through this interface: the colocated flow (``proxy``) and the disaggregated one
+(``disagg``).
+
+- ``relay`` forwards one engine's events until its ``[DONE]``, tracking the stream's state
+  (:class:`StreamState`: token ids so far, identity, finish, usage). Passed through as they are when the
+  engine answers the client's own request; reshaped (``rewrite``) into the client's stream shape and
+  identity when the engine answers a continuation (a completion with token ids standing in for a chat
+  request, after a migration or a P/D hand-off). An engine's usage chunk is withheld: ``finish`` emits one
+  for the whole stream. An engine's error event (its last words when aborted) is dropped: the flow decides
+  what the client sees. It returns why the stream broke, or None when it completed.
+- ``continue_on`` finishes a stream on another worker: the prompt plus every token already streamed, the
+  remaining budget, so the client sees no token missing or repeated.
+- Chunks are built by ``actors.openai_api.ResponseShapes``, the one place (engines use it too) that knows
+  the OpenAI shapes.
+
+Failure behaviour: an engine that fails mid-relay yields a reason (never an exception); a client that goes
+away raises ``ConnectionResetError`` out of the sink's ``write`` (the caller's ``async with`` on the upstream
+then closes the engine's connection, aborting its request).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from actors.openai_api import SSE_DONE, ResponseShapes, error_body, sse
+from cluster.router.attempt import Attempts
+from cluster.router.metrics import RouterMetrics
+from cluster.router.upstream import Upstream, UpstreamError, UpstreamResponse, post_json
+from cluster.router.view import WorkerInfo
+
+TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
+ENDED_EARLY = "the stream ended before its last token"
+
+
+class Sink(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+
+@dataclass
+class StreamState:
+    """One answer being streamed: what a continuation needs, and the prefill blocks the router counts as
+    owed by the worker until its first token (``owe``/``settle``: ``WorkerInfo.prefilling_blocks``)."""
+
+    chat: bool
+    client_usage: bool
+    max_tokens: int | None
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    shapes: ResponseShapes | None = None
+    finished: bool = False
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    owed_to: WorkerInfo | None = None
+    prefill_owed: int = 0
+
+    def owe(self, worker: WorkerInfo, blocks: int) -> None:
+        """``worker`` has ``blocks`` of this prompt to prefill until its first token comes back."""
+        self.settle()
+        self.owed_to, self.prefill_owed = worker, blocks
+        worker.prefilling_blocks += blocks
+
+    def settle(self) -> None:
+        if self.owed_to is not None:
+            self.owed_to.prefilling_blocks -= self.prefill_owed
+            self.owed_to, self.prefill_owed = None, 0
+
+    def identify(self, ident: str | None, created: int | None, model: str | None) -> ResponseShapes:
+        """The stream's identity (id, created, model), taken from its first chunk or made up front."""
+        if self.shapes is None:
+            self.shapes = ResponseShapes(self.chat, model or "", ident)
+            if created is not None:
+                self.shapes.created = created
+        return self.shapes
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.max_tokens is None else self.max_tokens - len(self.token_ids)
+
+
+class Collector:
+    """A sink standing in for a client stream: collects the SSE of a non-streamed request, to answer whole."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def full_response(self, st: StreamState) -> dict[str, Any]:
+        text, finish = "", None
+        for ev in b"".join(self.parts).split(b"\n\n"):
+            if not ev.startswith(b"data: {"):
+                continue
+            for c in json.loads(ev[6:]).get("choices") or []:
+                text += c.get("text") or (c.get("delta") or {}).get("content") or ""
+                finish = c.get("finish_reason") or finish
+        shapes = st.identify(None, None, None)
+        return shapes.full(text, finish or "length", len(st.prompt_ids), len(st.token_ids))
+
+
+class Relay:
+    def __init__(self, upstream: Upstream, attempts: Attempts, metrics: RouterMetrics) -> None:
+        self.upstream = upstream
+        self.attempts = attempts
+        self.metrics = metrics
+
+    async def relay(self, upstream: UpstreamResponse, sink: Sink, st: StreamState, *, rewrite: bool = False,
+                    final: bool = True) -> str | None:
+        """Relay SSE events until the upstream's [DONE]; why the stream broke, or None when it completed.
+        ``final`` False: this upstream answers only part of the request (a prefill's first token), so its
+        finish is not the client's."""
+        buf = b""
+        while True:
+            try:
+                chunk = await upstream.chunk()
+            except UpstreamError as e:
+                return str(e)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                if event == b"data: [DONE]":
+                    return None if st.finished or not final else ENDED_EARLY
+                out = self._on_event(event, st, rewrite, final)
+                if out:
+                    await sink.write(out)
+        return None if st.finished else ENDED_EARLY
+
+    def _on_event(self, event: bytes, st: StreamState, rewrite: bool, final: bool) -> bytes:
+        """Track one SSE event (token ids, finish, usage) and return the bytes to send the client."""
+        if not event.startswith(b"data: "):
+            return b""
+        data = event[6:]
+        if b'"error"' in data[:12]:
+            return b""  # an aborting engine's last words; the flow decides what the client sees
+        if b'"usage"' in data and b'"choices":[]' in data:
+            u = json.loads(data).get("usage") or {}
+            st.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+            st.prompt_tokens = st.prompt_tokens or u.get("prompt_tokens")
+            if st.cached_tokens:
+                self.metrics.realized_hit_tokens.inc(st.cached_tokens)
+            if st.prompt_tokens:
+                self.metrics.prompt_tokens.inc(u.get("prompt_tokens", 0))
+            return b""  # re-emitted with the whole stream's counts by finish()
+        m = TOKEN_IDS.search(data)
+        if m and m.group(1):
+            st.settle()
+            st.token_ids.extend(int(x) for x in m.group(1).split(b","))
+        if b'"finish_reason":"' in data and final:
+            st.finished = True
+        if not rewrite:
+            if st.shapes is None:
+                obj = json.loads(data)
+                st.identify(obj.get("id"), obj.get("created"), obj.get("model"))
+            return event + b"\n\n"
+        obj = json.loads(data)
+        choice = (obj.get("choices") or [{}])[0]
+        shapes = st.identify(obj.get("id"), obj.get("created"), obj.get("model"))
+        finish = choice.get("finish_reason") if final else None
+        return sse(shapes.chunk(choice.get("text", ""), finish, choice.get("token_ids")))
+
+    async def finish(self, sink: Sink, st: StreamState) -> None:
+        """The whole stream's usage (when the client asked for it), then ``[DONE]``."""
+        if st.client_usage:
+            prompt = st.prompt_tokens if st.prompt_tokens is not None else len(st.prompt_ids)
+            shapes = st.identify(None, None, None)
+            await sink.write(sse(shapes.usage_chunk(prompt, len(st.token_ids), st.cached_tokens)))
+        await sink.write(SSE_DONE)
+
+    @staticmethod
+    async def fail(sink: Sink, status: int, message: str) -> None:
+        """End a begun stream with an error event and ``[DONE]`` (the client is never left waiting)."""
+        await sink.write(sse(error_body(status, message)))
+        await sink.write(SSE_DONE)
+
+    async def continue_on(self, workers: list[WorkerInfo], st: StreamState, *, model: str | None,
+                          ignore_eos: bool, origin: str | None, sink: Sink) -> bool:
+        """Finish the stream on the first of ``workers`` that completes it, as an ordinary completion of the
+        prompt plus the tokens already sent; True when the stream completed (or had nothing left to do)."""
+        for w in workers:
+            remaining = st.remaining
+            if remaining is not None and remaining <= 0:
+                st.finished = True
+                return True
+            body: dict[str, Any] = {"prompt": st.prompt_ids + st.token_ids, "stream": True,
+                                    "output_token_ids": True, "ignore_eos": ignore_eos,
+                                    "stream_options": {"include_usage": True}}
+            if remaining is not None:
+                body["max_tokens"] = remaining
+            if model:
+                body["model"] = model
+            async with self.attempts.on(w, origin):
+                try:
+                    async with await post_json(self.upstream, w.url, "/v1/completions", body) as up:
+                        if up.status == 200:
+                            before = st.prompt_tokens
+                            failure = await self.relay(up, sink, st, rewrite=True)
+                            st.prompt_tokens = before
+                            if failure is None:
+                                self.attempts.succeeded(w)
+                                return True
+                except UpstreamError:
+                    pass
+                self.attempts.failed(w)
+        return False
