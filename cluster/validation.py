@@ -22,7 +22,8 @@ aiperf's 20: the first round's requests (the burst) weigh 1/20, the rest 19/20.
 
 A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
 id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
-its mode is aggregated, and it has no data-parallel attention. Every other row is listed as skipped,
+its mode is aggregated, it has no data-parallel attention, and its expert parallelism (if any) can be
+said in the engine spec (an ``ep`` field). Every other row is listed as skipped,
 with the reason. The engine is the emulator's own (``build_engine`` from a one-engine cluster spec, so
 KV capacity and cost model are what ``up``/``loadtest`` would use), driven on virtual time by
 ``actors.engine.virtual``.
@@ -44,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from actors.engine.factory import build_engine
 from actors.engine.virtual import ClosedLoop, RunResult, VirtualDriver
 from config.catalog import Catalog
-from config.cluster import ClusterSpec
+from config.cluster import ClusterSpec, EngineGroupSpec
 from config.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ AIPERF_ROUNDS = 20
 """aiperf's ``--num-requests`` is 20 x the concurrency in aiconfigurator's benchmark script."""
 DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 2
-QUICK_PER_GROUP = 3
+QUICK_PER_GROUP = 5
 BATCHED_TOKENS_SLACK = 1500
 """aiconfigurator's vLLM benchmark rule: max_num_batched_tokens = batch size + isl + 1500."""
 
@@ -174,13 +175,19 @@ def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp
     data = {
         "name": "validate",
         "nodes": [{"name": "node0", "region": "local", "hardware": hardware, "gpus": tp,
-                   "engines": [{"name": "engine", "model": model, "tp": tp, "scheduler": {
+                   "engines": [{"name": "engine", "model": model, "tp": tp, **_ep(row), "scheduler": {
                        "max_num_seqs": concurrency,
                        "max_num_batched_tokens": concurrency + row.isl + BATCHED_TOKENS_SLACK,
                        "enable_prefix_caching": False,
                    }}]}],
     }
     return ClusterSpec.model_validate(data, context={"catalog": catalog})
+
+
+def _ep(row: SiliconRow) -> dict[str, int]:
+    """The row's expert parallelism, for an engine spec that can say it (``ep``)."""
+    ep = row.moe_ep_size or 1
+    return {"ep": ep} if ep > 1 and "ep" in EngineGroupSpec.model_fields else {}
 
 
 def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], list[Skip]]:
@@ -203,6 +210,8 @@ def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], l
             reason = f"no model preset {model!r} in the catalog"
         elif (row.attention_dp_size or 1) > 1:
             reason = f"data-parallel attention (dp {row.attention_dp_size}) is not replayed"
+        elif (row.moe_ep_size or 1) > 1 and "ep" not in EngineGroupSpec.model_fields:
+            reason = f"expert parallelism (ep {row.moe_ep_size}): engine specs have no 'ep' field yet"
         if reason is not None:
             skips.append(Skip(row, reason))
             continue

@@ -17,6 +17,7 @@ from cluster.validation import (
     validate,
 )
 from config.catalog import default_catalog
+from config.cluster import EngineGroupSpec
 from config.errors import ConfigError
 from run_cluster import main
 
@@ -56,6 +57,15 @@ def test_rows_resolve_to_presets_or_are_skipped_with_a_reason(tmp_path: Path) ->
     sched = cases[0].spec.nodes[0].engines[0].scheduler
     assert sched.max_num_seqs == 4 and sched.max_num_batched_tokens == 4 + 256 + 1500
     assert not sched.enable_prefix_caching
+
+
+def test_expert_parallel_rows_run_only_where_the_spec_can_say_ep(tmp_path: Path) -> None:
+    row = "h,vllm,0.19.0,meta-llama/Llama-3.1-70B,h200_sxm,fp8,agg,128,8,2,2,1,1,2,50.0,12.0"
+    cases, skips = resolve(read_rows(write_csv(tmp_path / "s.csv", [row])), default_catalog())
+    if "ep" in EngineGroupSpec.model_fields:
+        assert cases[0].spec.nodes[0].engines[0].model_dump()["ep"] == 2
+    else:
+        assert not cases and "expert parallelism (ep 2)" in skips[0].reason
 
 
 def test_derived_model_names() -> None:
