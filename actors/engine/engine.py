@@ -176,11 +176,12 @@ class Engine:
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
                request_id: str | None = None, arrival_ms: float | None = None, hold_blocks_ms: float | None = None,
-               ) -> RequestStream:
+               priority: int = 0) -> RequestStream:
         """Queue a request; raises EngineError (400) when it can never run here.
 
         ``hold_blocks_ms``: keep the request's KV blocks after it finishes (a prefill whose KV a decode
-        engine takes) until ``release`` or for that many emulated ms (the lease).
+        engine takes) until ``release`` or for that many emulated ms (the lease). ``priority`` orders it
+        under the ``priority`` scheduling policy (lower first, as vLLM's).
         """
         max_tokens = self._check(prompt_ids, max_tokens)
         rid = self._new_id(request_id)
@@ -188,7 +189,7 @@ class Engine:
         seq = Sequence(rid, list(prompt_ids), max_tokens,
                        arrival_ms=self.clock.now_ms() if arrival_ms is None else arrival_ms,
                        stop_after=None if ignore_eos else self.outputs.natural_length(base),
-                       hold_blocks=hold_blocks_ms is not None)
+                       hold_blocks=hold_blocks_ms is not None, priority=priority)
         if hold_blocks_ms is not None:
             self._hold_lease[rid] = hold_blocks_ms
         stream = RequestStream(self, seq)

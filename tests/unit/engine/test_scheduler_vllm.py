@@ -197,3 +197,13 @@ def test_async_a_request_that_stopped_on_eos_is_computed_once_more() -> None:
     assert step.shape().decode_seqs == 2  # the wasted decode is costed
     eng.apply_step(step, StepTime(1.0), prev + 1.0, 0.0)  # type: ignore[operator]
     assert len(stop.seq.output_ids) == 2  # its extra token is discarded
+
+
+def test_engine_submissions_carry_their_priority() -> None:
+    t = ManualTime()
+    limits = SchedulerLimits(1, 64, 10_000, policy="priority")
+    eng = Engine(EngineConfig("e", "m", "colocated", 64, 2, limits), OneMs(), virtual_clock(t))
+    low = eng.submit(list(range(100, 104)), 1, ignore_eos=True, arrival_ms=0.0, priority=3)
+    high = eng.submit(list(range(200, 204)), 1, ignore_eos=True, arrival_ms=0.0, priority=0)
+    run(eng, t, 2)
+    assert high.seq.first_token_ms == 1.0 and low.seq.first_token_ms == 2.0
