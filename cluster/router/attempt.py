@@ -9,8 +9,7 @@ worker's circuit breaker, ``failed`` counts a failure (and the ``breaker_opened`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Protocol
 
 from cluster.router.metrics import RouterMetrics
@@ -28,6 +27,32 @@ class RouterClock(Protocol):
     async def sleep_for(self, duration_ms: float) -> float: ...
 
 
+class Attempt:
+    """One attempt's bookkeeping as an async context manager (a class: cheaper than a generator-based one,
+    and this runs once per request and worker)."""
+
+    __slots__ = ("attempts", "origin", "worker")
+
+    def __init__(self, attempts: Attempts, worker: WorkerInfo, origin: str | None) -> None:
+        self.attempts = attempts
+        self.worker = worker
+        self.origin = origin
+
+    async def __aenter__(self) -> WorkerInfo:
+        a, w = self.attempts, self.worker
+        rtt = a.topology.rtt_ms(self.origin, w.region)
+        if rtt > 0:
+            await a.clock.sleep_for(rtt)
+        w.inflight += 1
+        w.sent += 1
+        a.metrics.selected.inc_labels(w.name)
+        return w
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.worker.inflight -= 1
+
+
 class Attempts:
     def __init__(self, metrics: RouterMetrics, topology: Topology, clock: RouterClock) -> None:
         self.metrics = metrics
@@ -38,18 +63,9 @@ class Attempts:
         """Wall seconds on the router's clock (what breakers and health count in)."""
         return self.clock.now_ms() * self.clock.time_scale / 1000.0
 
-    @asynccontextmanager
-    async def on(self, worker: WorkerInfo, origin: str | None) -> AsyncIterator[WorkerInfo]:
-        rtt = self.topology.rtt_ms(origin, worker.region)
-        if rtt > 0:
-            await self.clock.sleep_for(rtt)
-        worker.inflight += 1
-        worker.sent += 1
-        self.metrics.selected.inc_labels(worker.name)
-        try:
-            yield worker
-        finally:
-            worker.inflight -= 1
+    def on(self, worker: WorkerInfo, origin: str | None) -> Attempt:
+        """``async with attempts.on(worker, origin):`` around everything the attempt does."""
+        return Attempt(self, worker, origin)
 
     @staticmethod
     def succeeded(worker: WorkerInfo) -> None:

@@ -19,7 +19,8 @@ aiohttp tuning (what its client offers): one shared ``ClientSession`` for the ro
 engines' aiohttp server's 75 s, so the engine never closes a connection the router is about to reuse),
 DNS cached; ``ClientTimeout`` with ``sock_connect`` (a pool wait is not an engine failure, so ``connect``,
 which would count it, is unset) and ``sock_read`` (the read timeout: the longest silence between two
-reads); no decompression, no default ``User-Agent``/``Accept``/``Accept-Encoding`` headers; bodies are sent
+reads); no decompression, no cookie jar (an engine's cookie is no business of the next request), no default
+``User-Agent``/``Accept``/``Accept-Encoding`` headers; bodies are sent
 as prepared bytes (no JSON re-encoding), read with ``content.readany()`` as they arrive.
 """
 
@@ -152,7 +153,8 @@ class AiohttpUpstream:
         timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=lim.connect_timeout_s,
                                         sock_read=lim.read_timeout_s)
         return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                     skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+                                     skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                                     cookie_jar=aiohttp.DummyCookieJar())
 
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
                       headers: Mapping[str, str] | None = None) -> AiohttpResponse:

@@ -88,7 +88,11 @@ def stream_route(fn: StreamHandler) -> Route:
         refused = _too_large(request)
         if refused is not None:
             return refused
-        body = await request.read()
+        n = request.content_length
+        try:
+            body = await request.content.readexactly(n) if n else await request.read()
+        except asyncio.IncompleteReadError:
+            return _whole(json_error(400, f"the request body ended before its {n} bytes"))
         out = WebStream(request)
         answer = await fn(Call(request.path, request.headers, body, match), out)
         if out.response is None:
