@@ -32,6 +32,7 @@ KV capacity and cost model are what ``up``/``loadtest`` would use), driven on vi
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -344,11 +345,18 @@ class Validation:
 
 
 def validate(path: Path, catalog: Catalog, *, quick: bool = False, rounds: int | None = None,
-             per_group: int = QUICK_PER_GROUP,
+             per_group: int = QUICK_PER_GROUP, match: str | None = None,
              progress: Callable[[CaseResult], None] | None = None) -> Validation:
-    """Replay every row the presets express (a sample of each group with ``quick``)."""
+    """Replay every row the presets express (a sample of each group with ``quick``).
+
+    ``match``: a regular expression; only rows whose id, model or system it finds are read.
+    """
     t0 = time.perf_counter()
-    cases, skips = resolve(read_rows(path), catalog)
+    rows = read_rows(path)
+    if match is not None:
+        pattern = re.compile(match)
+        rows = [r for r in rows if pattern.search(f"{r.id} {r.model_path} {r.system}")]
+    cases, skips = resolve(rows, catalog)
     if quick:
         cases = sample(cases, per_group)
     n_rounds = rounds or (QUICK_ROUNDS if quick else DEFAULT_ROUNDS)

@@ -6,6 +6,7 @@ See ``cluster.validation`` for how the runs were measured and what is assumed.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -30,6 +31,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-group", type=int, default=QUICK_PER_GROUP, help="rows per group with --quick")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of C requests simulated per row (default 3, 2 with --quick)")
+    p.add_argument("--match", metavar="REGEX", help="only rows whose id, model or system this finds "
+                                                      "(e.g. 'Llama-3.1-70B.*h200')")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
 
 
@@ -75,9 +78,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         res = validate(args.csv, cat, quick=args.quick, rounds=args.rounds, per_group=args.per_group,
-                       progress=progress)
+                       match=args.match, progress=progress)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
+    except re.error as e:
+        raise SystemExit(f"error: --match is not a regular expression: {e}") from None
     t = Table(title="predicted against measured mean TTFT and TPOT per row (error: predicted / measured - 1)")
     for col in ("row", "model", "GPU", "TP", "C", "isl/osl", "TTFT meas ms", "TTFT pred ms", "TTFT err",
                 "TPOT meas ms", "TPOT pred ms", "TPOT err", "preempt"):

@@ -127,6 +127,11 @@ def test_cli_prints_one_json_object_last(tmp_path: Path, capsys: pytest.CaptureF
     assert {s["id"] for s in doc["skipped"]} == {"d", "e", "f"}
 
 
+def test_match_keeps_only_the_rows_it_finds(tmp_path: Path) -> None:
+    res = validate(write_csv(tmp_path / "s.csv", ROWS), default_catalog(), rounds=2, match="Qwen3-32B.*h100")
+    assert [r.case.row.id for r in res.results] == ["c"]
+
+
 def test_cli_skips_when_the_table_is_absent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--csv", str(tmp_path / "none.csv"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
