@@ -18,9 +18,10 @@ measured step)::
   engine (its TP group), as a CUDA-graph replay or eager run, whatever the deployment does.
 
 Each kind's rows form a full grid: every ``tokens`` value measured at every ``context`` value of that
-kind (one context value alone is allowed: then time depends on ``tokens`` only). Vidur and
-LLMServingSim profile per operator; this table is a step-level summary of the same measurements,
-which is what a user can take from a running server (vLLM's step timing, or a ``bench serve`` sweep).
+kind (one context value alone is allowed: then time depends on ``tokens`` only). Vidur's profiles
+are per operator (``mlp.csv``, ``attention.csv``: one row per shape, ``time_stats.<op>.median``
+columns); this table is a step-level summary, which is what a user can take from a running server
+(vLLM's per-step timings, or a ``bench serve`` sweep at fixed batch sizes and lengths).
 
 A bad file raises ``ConfigError`` naming the line and column (or the missing grid point).
 """
