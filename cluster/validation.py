@@ -9,16 +9,17 @@ from aiconfigurator's generator (github.com/ai-dynamo/aiconfigurator at 095f58a5
 
 - client: ``aiperf profile --concurrency C --num-requests 20 C --warmup-request-count 2 C --isl/--osl
   with stddev 0 --extra-inputs ignore_eos:true --streaming``: exact lengths, every output runs to
-  ``osl``; the warm-up requests finish before the measured ones start;
+  ``osl``; aiperf waits for every warm-up response before profiling starts (its warm-up tutorial), so
+  the measured phase opens with all C clients sending at once;
 - server: ``max-num-seqs`` = the batch size, ``max-num-batched-tokens`` = batch size + isl + 1500,
   CUDA-graph capture sizes 1..batch size (so a decode batch is never padded).
 
 What this module assumes beyond that (the table does not say): the deployment's other settings are
 vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16); the synthetic prompts share no prefix
-(prefix caching off); a measured run starts with all C clients sending at once (the burst after the
-warm-up), after which the loop reaches a steady state. Simulating 20 rounds of C requests per row
-would take hours for the whole table, so ``rounds`` rounds are run and the means are extrapolated to
-aiperf's 20: the first round's requests (the burst) weigh 1/20, the rest 19/20.
+(prefix caching off); no ramp-up; after the opening burst the loop reaches a steady state; a client
+sends its next request the instant its previous one ended (no client-side gap). Simulating 20 rounds
+of C requests per row would take hours for the whole table, so ``rounds`` rounds are run and the means
+are extrapolated to aiperf's 20: the first round's requests (the burst) weigh 1/20, the rest 19/20.
 
 A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
 id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
