@@ -186,6 +186,16 @@ def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp
     return ClusterSpec.model_validate(data, context={"catalog": catalog})
 
 
+def engine_tp(row: SiliconRow, moe: bool) -> int:
+    """vLLM's tensor-parallel size for the row: ``tp_size``, except for MoE models, where vLLM runs one
+    TP for attention and experts, ``moe_tp x moe_ep / dp`` (aiconfigurator's ``rule_plugin/vllm.rule``;
+    the table's ``tp_size`` is then the attention split its own model assumed)."""
+    assert row.tp_size is not None
+    if not moe or not row.moe_tp_size:
+        return row.tp_size
+    return max(1, row.moe_tp_size * (row.moe_ep_size or 1) // (row.attention_dp_size or 1))
+
+
 def _ep(row: SiliconRow) -> dict[str, int]:
     """The row's expert parallelism, for an engine spec that can say it (``ep``)."""
     ep = row.moe_ep_size or 1
@@ -218,13 +228,14 @@ def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], l
             skips.append(Skip(row, reason))
             continue
         assert hardware is not None and row.batch_size is not None and row.tp_size is not None
+        tp = engine_tp(row, catalog.models.get(model).moe is not None)
         try:
-            spec = cluster_for(row, model, hardware, row.batch_size, row.tp_size, catalog)
+            spec = cluster_for(row, model, hardware, row.batch_size, tp, catalog)
         except (ConfigError, ValidationError, ValueError) as err:
             first = str(err).strip().splitlines()[-1].strip()
             skips.append(Skip(row, f"the presets reject it: {first}"))
             continue
-        cases.append(Case(row, model, hardware, row.batch_size, row.tp_size, spec))
+        cases.append(Case(row, model, hardware, row.batch_size, tp, spec))
     return cases, skips
 
 

@@ -11,6 +11,7 @@ from cluster.validation import (
     SiliconRow,
     aiperf_mean,
     derived_model_name,
+    engine_tp,
     read_rows,
     resolve,
     sample,
@@ -66,6 +67,15 @@ def test_expert_parallel_rows_run_only_where_the_spec_can_say_ep(tmp_path: Path)
         assert cases[0].spec.nodes[0].engines[0].model_dump()["ep"] == 2
     else:
         assert not cases and "expert parallelism (ep 2)" in skips[0].reason
+
+
+def test_moe_rows_run_at_vllms_unified_tensor_parallel_size(tmp_path: Path) -> None:
+    rows = ["m1,vllm,0.19.0,Qwen/Qwen3-30B-A3B,h200_sxm,,agg,128,8,2,1,,2,1,50.0,12.0",
+            "m2,vllm,0.19.0,Qwen/Qwen3-30B-A3B,h200_sxm,,agg,128,8,2,2,,4,1,50.0,12.0",
+            "d1,vllm,0.19.0,Qwen/Qwen3-32B,h200_sxm,,agg,128,8,2,2,,1,1,50.0,12.0"]
+    cases, _ = resolve(read_rows(write_csv(tmp_path / "s.csv", rows)), default_catalog())
+    assert [(c.row.id, c.tp) for c in cases] == [("m1", 2), ("m2", 4), ("d1", 2)]
+    assert engine_tp(cases[0].row, moe=False) == 1
 
 
 def test_derived_model_names() -> None:
