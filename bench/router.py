@@ -12,8 +12,9 @@ Figures (each beside its same-run baseline):
   killed midway: residency violations (must be 0).
 
 ``--quick`` measures only the overhead (small counts); ``--parts`` and ``--policies`` pick what a full run
-measures. sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing;
-``--no-sglang`` skips it, and the figures say so).
+measures; ``--parts profile`` adds where the router's CPU goes by layer (``bench/router_profile.py``).
+sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing; ``--no-sglang``
+skips it, and the figures say so).
 """
 
 from __future__ import annotations
@@ -392,7 +393,8 @@ def main() -> None:
     p.add_argument("--no-sglang", action="store_true", help="do not install or run sgl-router")
     p.add_argument("--seconds", type=float, default=90.0, help="Mooncake slice length (trace seconds)")
     p.add_argument("--speed", type=float, default=1.0, help="Mooncake replay speed")
-    p.add_argument("--parts", default="overhead,quality,regions", help="which parts to run (comma-separated)")
+    p.add_argument("--parts", default="overhead,quality,regions",
+                   help="which parts to run (comma-separated; 'profile' adds bench/router_profile.py's CPU profile)")
     p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
                    help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
@@ -409,6 +411,10 @@ def main() -> None:
             result["quality"] = quality(sgl_py, args.seconds, args.speed, tuple(args.policies.split(",")))
         if not args.quick and "regions" in parts:
             result["regions"] = regions(False)
+        if "profile" in parts:
+            from bench.router_profile import profile
+
+            result["profile"] = profile(args.quick)
     finally:
         ray.shutdown()
     emit(result)

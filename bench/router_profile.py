@@ -1,0 +1,186 @@
+"""Where the router's CPU goes per request: cProfile of the real router (aiohttp server and client, the
+mechanism) in its own process, in front of two small aiohttp engines in another, driven by a client in a third
+(no Ray: nothing else in the router's process).
+
+Per concurrency (1 and 32): the router's CPU per request unprofiled (``time.process_time`` over the run) and
+its added latency over going straight to an engine (the baseline, same run); then a profiled run whose time
+(process CPU time, so another process's turn on the core does not count) is split by layer: aiohttp's
+server, aiohttp's client, the router's mechanism (``cluster/router``), the JSON codec, asyncio and the rest;
+and the top functions by own time. The request is ``bench/router.py``'s overhead request (a one-token text
+completion, answered whole). ``--quick`` runs fewer requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import cProfile
+import gc
+import json
+import multiprocessing as mp
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import emit, parser, pct
+
+LAYERS = (
+    ("aiohttp_server", ("aiohttp/web_", "aiohttp/http_writer", "aiohttp/http_parser", "aiohttp/base_protocol")),
+    ("aiohttp_client", ("aiohttp/client", "aiohttp/connector", "aiohttp/streams", "aiohttp/payload",
+                        "aiohttp/helpers", "aiohttp/cookiejar", "aiohttp/tracing", "yarl/", "multidict/")),
+    ("router", ("cluster/router/",)),
+    ("json", ("json/",)),
+    ("asyncio", ("asyncio/", "uvloop")),
+)
+
+
+def layer_of(filename: str) -> str:
+    for name, marks in LAYERS:
+        if any(m in filename for m in marks):
+            return name
+    return "other"
+
+
+def _engines(q: Any, n: int) -> None:
+    import uvloop
+    from aiohttp import web
+
+    from actors.http import serve_app
+
+    body = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "llama-3.1-8b",
+                       "choices": [{"index": 0, "text": " a", "logprobs": None, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21}}).encode()
+
+    async def completions(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json")
+
+    async def main() -> None:
+        ports = []
+        for _ in range(n):
+            app = web.Application()
+            app.router.add_post("/v1/completions", completions)
+            ports.append((await serve_app(app, "127.0.0.1", 0))[1])
+        q.put(ports)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+def _router(ports: list[int], q: Any, cmd: Any) -> None:
+    """Serve; on each command ("plain" or "profile") measure CPU until "stop", answer with the figures."""
+    import uvloop
+
+    from cluster.router.app import RouterServer
+    from cluster.router.view import WorkerId, WorkerInfo
+    from cluster.router.web import RouterHTTP
+    from config.cluster import RouterSpec
+
+    async def main() -> None:
+        ws = [WorkerInfo(WorkerId(f"e{i}"), f"http://127.0.0.1:{p}", model="llama-3.1-8b") for i, p in enumerate(ports)]
+        http = RouterHTTP(RouterServer(ws, RouterSpec(policy="least_loaded", index_mode="approximate"),
+                                       prefill_ms=lambda w, new, cached: 0.0))
+        q.put(await http.start())
+        gc.freeze()  # as the router actor does after start-up
+        loop = asyncio.get_running_loop()
+        while True:
+            what = await loop.run_in_executor(None, cmd.get)
+            if what == "quit":
+                break
+            prof = cProfile.Profile(time.process_time) if what == "profile" else None
+            t0 = time.process_time()
+            if prof is not None:
+                prof.enable()
+            assert await loop.run_in_executor(None, cmd.get) == "stop"
+            if prof is not None:
+                prof.disable()
+            cpu = time.process_time() - t0
+            stats = None
+            if prof is not None:
+                st = pstats.Stats(prof)
+                stats = {f"{f}:{ln}({fn})": tt for (f, ln, fn), (_, _, tt, _, _) in st.stats.items()}  # type: ignore[attr-defined]
+            q.put((cpu, stats))
+        await http.stop()
+
+    uvloop.run(main())
+
+
+async def _load(url: str, concurrency: int, n: int) -> list[float]:
+    import aiohttp
+
+    out: list[float] = []
+    it = iter(range(n))
+
+    async def user(s: aiohttp.ClientSession) -> None:
+        for i in it:
+            body = json.dumps({"model": "llama-3.1-8b", "max_tokens": 1, "ignore_eos": True,
+                               "prompt": f"request {i} " + "word " * 12}).encode()
+            t0 = time.perf_counter()
+            async with s.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}")
+            out.append((time.perf_counter() - t0) * 1000.0)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(user(s) for _ in range(concurrency)))
+    return out
+
+
+def profile(quick: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q, cmd = ctx.Queue(), ctx.Queue()
+    engines = ctx.Process(target=_engines, args=(q, 2), daemon=True)
+    engines.start()
+    ports = q.get(timeout=60)
+    router = ctx.Process(target=_router, args=(ports, q, cmd), daemon=True)
+    router.start()
+    url = q.get(timeout=60)
+    direct = f"http://127.0.0.1:{ports[0]}"
+    out: dict[str, Any] = {}
+    try:
+        for conc, n in ((1, 500 if quick else 3000), (32, 1000 if quick else 6000)):
+            asyncio.run(_load(url, conc, 200))  # warm pools
+            base = asyncio.run(_load(direct, conc, n))
+            cmd.put("plain")
+            lat = asyncio.run(_load(url, conc, n))
+            cmd.put("stop")
+            cpu, _ = q.get(timeout=60)
+            cmd.put("profile")
+            asyncio.run(_load(url, conc, n))
+            cmd.put("stop")
+            _, stats = q.get(timeout=120)
+            total = sum(stats.values())
+            layers: collections.Counter[str] = collections.Counter()
+            for key, tt in stats.items():
+                layers[layer_of(key.replace(os.sep, "/"))] += tt
+            top = sorted(stats.items(), key=lambda kv: -kv[1])[:12]
+            here = str(Path.cwd()) + "/"
+            row = {"direct_ms": pct(base), "router_ms": pct(lat),
+                   "added_p50_ms": round(pct(lat)["p50"] - pct(base)["p50"], 3),
+                   "router_cpu_ms_per_request": round(cpu / n * 1000.0, 3),
+                   "cpu_share_by_layer": {k: round(v / total, 3) for k, v in layers.most_common()},
+                   "top_functions_share": {k.split("site-packages/")[-1].split(here)[-1]: round(v / total, 3)
+                                           for k, v in top}}
+            out[f"concurrency_{conc}"] = row
+            print(f"profile at concurrency {conc}: cpu {row['router_cpu_ms_per_request']} ms/request, added p50 "
+                  f"{row['added_p50_ms']} ms, by layer {row['cpu_share_by_layer']}", flush=True)
+    finally:
+        cmd.put("quit")
+        router.join(20)
+        engines.kill()
+    return out
+
+
+def main() -> None:
+    args = parser(__doc__ or "").parse_args()
+    emit({"bench": "router_profile", **profile(args.quick)})
+
+
+if __name__ == "__main__":
+    main()
