@@ -81,8 +81,11 @@ Start = Callable[..., Awaitable[tuple[str, list[Engine]]]]
 
 @pytest.fixture
 async def router_over() -> AsyncIterator[Start]:
-    """A real router (aiohttp server and client) over the given engines; everything stopped afterwards."""
+    """A real router (aiohttp server and client) over the given engines; everything stopped afterwards, and
+    nothing left behind: no request counted in flight on a worker, no deadline tracked, no engine connection
+    in use, no task running."""
     started: list[Any] = []
+    servers: list[RouterServer] = []
 
     async def start(engines: list[Engine], **spec: Any) -> tuple[str, list[Engine]]:
         for e in engines:
@@ -94,11 +97,25 @@ async def router_over() -> AsyncIterator[Start]:
         http = RouterHTTP(server)
         url = await http.start()
         started.append(http)
+        servers.append(server)
         return url, engines
 
     yield start
+    for server in servers:
+        for _ in range(100):  # a handler cancelled by a disconnect finishes on the next loop turns
+            if all(w.inflight == 0 for w in server.view.workers.values()) and not server.deadlines.tracked:
+                break
+            await asyncio.sleep(0.01)
+        assert {w.name: w.inflight for w in server.view.workers.values() if w.inflight} == {}
+        assert server.deadlines.tracked == 0
+        session = getattr(server.upstream, "_session", None)
+        if session is not None:
+            assert not session.connector._acquired, "an engine connection is still in use"
     for s in reversed(started):
         await s.stop()
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert not leftover, f"tasks left behind: {leftover}"
 
 
 async def read_stream(resp: aiohttp.ClientResponse) -> list[int]:
