@@ -143,6 +143,16 @@ async def test_a_malformed_request_gets_a_400_and_other_connections_are_unaffect
             assert bad.status == 400 and "JSON" in (await bad.json())["error"]["message"]
         async with s.head(url + "/v1/models") as head:
             assert head.status == 200
+    # curl's upload of a large body: the head, a wait for "100 Continue", then the body.
+    body_bytes = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": 2}).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body_bytes))
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 100")
+    writer.write(body_bytes)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"200" and b'"text": "a"' in answer
 
 
 async def test_a_stalled_engine_is_given_up_on_after_the_read_timeout_and_the_request_retried_elsewhere(
