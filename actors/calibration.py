@@ -1,13 +1,18 @@
-"""Fit the roofline cost model's free parameters on measured step times, and report the fit error.
+"""Fit the cost model's op rooflines on vLLM's measured kernel times, and report the error.
 
-Data: Splitwise's ``perf_model.csv`` (prefill and decode step times of llama2-70b and bloom-176b on DGX
-A100 / DGX H100 / power-capped DGX H100 at TP 2, 4, 8). For each hardware profile one set of six
-physical parameters (compute, memory and link efficiency; step, per-sequence and all-reduce-hop
-overheads) is fitted across every model and TP degree measured on it, so the model stays a model and
-can predict parts and sizes that are not in the file.
+Data: ``../shared/calibration/aiconfigurator_vllm/data/<gpu>/<op>/<framework>/<version>/*.parquet``,
+single ops timed as CUDA-graph replays (vLLM 0.19.0 on H100/H200/B200, 0.22-0.24 on L40S, 0.14 on
+A100). For each calibrated GPU and op family (``OP_FAMILIES``) one ``OpFit`` is fitted: a kernel
+latency, a corner sharpness and two efficiency curves (compute by op size, memory by bytes), with the
+FLOPs and bytes of each row computed by the same functions the cost model uses (``gemm_bytes``,
+``moe_work``, the attention formulas below), so a fitted curve means the same thing at fit and at use.
 
-The residual is the log ratio predicted / measured of each measured point's median, with a Huber
-loss so that a few anomalous points (Splitwise's A100 TP2 batch-64 prefill, for one) do not drag the fit.
+The fit minimises the log ratio predicted / measured with a soft-L1 loss over a seeded subsample of
+each table (at most ``MAX_FIT_ROWS`` rows); the error is reported on every row. The curves are
+parametrised as log-increments bounded so that time never falls as an op grows (see ``_Layout.bounds``).
+
+The Splitwise DGX table (2023 serving stack) stays as a report: ``splitwise_report`` runs the new model,
+with the presets' efficiencies, on its step times. No bound applies to it any more.
 """
 
 from __future__ import annotations
@@ -17,191 +22,371 @@ import json
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import yaml
 from scipy.optimize import least_squares
 
-from actors.cost_model import RooflineCostModel, StepShape
+from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, RooflineCostModel, StepShape, gemm_bytes, moe_work
 from config.catalog import PRESETS_DIR, Catalog
-from config.hardware import Efficiency, HardwareProfile
-from config.model import ModelProfile
+from config.hardware import COMPUTE_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+OP_DATA = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / "data"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "calibration" / "splitwise_dgx" / "perf_model.csv"
 
-# Names in the measurement file -> our presets.
-MODEL_NAMES = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b"}
-HARDWARE_NAMES = {"a100-80gb": "a100-80g-sxm", "h100-80gb": "h100-80g-sxm", "h100-80gb-pcap": "h100-80g-sxm-pcap"}
-
-PARAMS = ("compute", "memory", "link", "link_large", "layer_overhead_us", "seq_layer_overhead_us",
-          "allreduce_latency_us")
-# Physical ranges: no GPU sustains its full tensor peak, HBM or link bandwidth in a real step.
-LOWER = np.array([0.02, 0.02, 0.02, 0.005, 0.0, 0.0, 0.0])
-UPPER = np.array([0.95, 0.92, 0.95, 0.95, 2000.0, 100.0, 1000.0])
-STARTS = ([0.5, 0.7, 0.5, 0.1, 120.0, 2.0, 20.0], [0.3, 0.4, 0.9, 0.05, 250.0, 4.0, 5.0],
-          [0.8, 0.9, 0.3, 0.2, 25.0, 0.5, 5.0])
-KNEE_GRID = (1024, 1536, 2048, 2560, 3072, 4096)
+# Our presets -> the op tables' GPU folders.
+OP_TABLE_GPUS = {"h100-80g-sxm": "h100_sxm", "h200-141g-sxm": "h200_sxm", "b200-180g-sxm": "b200_sxm",
+                 "l40s-48g": "l40s", "a100-80g-sxm": "a100_sxm"}
+MAX_FIT_ROWS = 20_000
+EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
+    ("h200-141g-sxm", "attention_prefill"): (
+        "h100-80g-sxm", "table inconsistent: from isl 64 up its times scatter from 0.01x to 3x H100's on the same "
+                        "shapes (same SMs and clocks), a third above the tensor peak; H100's fit is used"),
+}
+"""(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
+SEED = 12
 
 
 @dataclass(frozen=True)
-class Point:
-    """One measured point: the median over its repeats."""
+class OpSamples:
+    """Measured rows of one op family on one GPU, as the roofline sees them."""
 
-    kind: str  # "prefill" or "decode"
-    prompt: int
-    batch: int
-    tokens: int  # generated tokens (decode points)
-    measured_ms: float
+    family: str
+    source: str
+    flops: np.ndarray
+    nbytes: np.ndarray
+    size: np.ndarray
+    measured_ms: np.ndarray
+    flops_per_ms: float
+    bytes_per_ms: float
+    width: np.ndarray | None = None
+    """Parallel width per row (``PARALLEL_KNOTS``); None: the family has no width curve."""
 
-    def shape(self) -> StepShape:
-        if self.kind == "prefill":
-            return StepShape.of(prefills=[(self.prompt, 0)] * self.batch)
-        # A decode point is the mean step over generating `tokens` tokens: mean context prompt + tokens/2.
-        ctx = self.prompt + self.tokens // 2
-        return StepShape.of(decodes=[ctx] * self.batch)
+    def __len__(self) -> int:
+        return len(self.measured_ms)
 
 
-@dataclass
-class Group:
-    model: str
+def _latest(folder: Path) -> Path | None:
+    """The highest-version subfolder (``0.24.0`` over ``0.22.0``) of ``folder``, or None."""
+    if not folder.is_dir():
+        return None
+    versions = [p for p in folder.iterdir() if p.is_dir()]
+    if not versions:
+        return None
+
+    def key(p: Path) -> tuple[int, ...]:
+        return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.\-]", p.name))
+
+    return max(versions, key=key)
+
+
+def _table(path: Path | None, name: str) -> dict[str, np.ndarray] | None:
+    if path is None or not (path / name).exists():
+        return None
+    t = pq.read_table(path / name)
+    return {c: np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for c in t.column_names}
+
+
+def _where(t: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in t.items()}
+
+
+def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, size: np.ndarray,
+             t: dict[str, np.ndarray], flops_per_ms: float, bytes_per_ms: float,
+             width: np.ndarray | None = None) -> OpSamples | None:
+    lat = t["latency"].astype(float)
+    # A row faster than the datasheet allows (FLOPs above the tensor peak, or bytes above twice the
+    # bandwidth, an L2-resident operand's most) measured something else: it is left out and counted.
+    ok = (lat > 0) & (flops / np.maximum(lat, 1e-12) <= flops_per_ms) & (nbytes / np.maximum(lat, 1e-12)
+                                                                         <= 2.0 * bytes_per_ms)
+    if not np.any(ok):
+        return None
+    dropped = int(np.sum(~ok))
+    if dropped:
+        source = f"{source} ({dropped} rows above the datasheet's peak left out)"
+    return OpSamples(family, source, flops[ok].astype(float), nbytes[ok].astype(float), size[ok].astype(float),
+                     lat[ok], flops_per_ms, bytes_per_ms, None if width is None else width[ok].astype(float))
+
+
+def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
+    ver = _latest(root / "gemm" / "vllm")
+    t = _table(ver, "gemm_perf.parquet")
+    if t is None:
+        return None
+    t = _where(t, t["gemm_dtype"] == dtype)
+    m, n, k = (t[c].astype(float) for c in ("m", "n", "k"))
+    wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
+    return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
+                    m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
+
+
+def _attention(root: Path, hw: HardwareProfile, prefill: bool) -> OpSamples | None:
+    ver = _latest(root / "attention" / "vllm")
+    t = _table(ver, "context_attention_perf.parquet" if prefill else "generation_attention_perf.parquet")
+    if t is None:
+        return None
+    mask = t["kv_cache_dtype"] == "bfloat16"
+    if "window_size" in t:
+        mask &= t["window_size"] == 0
+    t = _where(t, mask)
+    b, h, kvh, d = (t[c].astype(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
+    kv_bytes = 2 * kvh * d * ACTIVATION_BYTES  # per token, one layer
+    if prefill:
+        s = t["isl"].astype(float)
+        flops = (4 * d + SCORE_FLOPS) * h * b * s * (s + 1) / 2
+        nbytes = b * s * kv_bytes + 2 * b * s * h * d * ACTIVATION_BYTES
+        size = s
+        width = b * h
+    else:
+        ctx = t["isl"].astype(float) + t["step"].astype(float)  # the step-th generated token sees isl + step
+        flops = (4 * d + SCORE_FLOPS) * h * b * ctx
+        nbytes = b * ctx * kv_bytes + 2 * b * h * d * ACTIVATION_BYTES
+        size = b
+        width = b * kvh
+    family = "attention_prefill" if prefill else "attention_decode"
+    return _samples(family, f"{family} vLLM {ver.name if ver else '?'}", flops, nbytes, size, t,
+                    hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width)
+
+
+def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
+    ver = _latest(root / "moe" / "vllm")
+    t = _table(ver, "moe_perf.parquet")
+    if t is None:
+        return None
+    # vLLM's Triton fused MoE (named per quantization method from 0.22 on); uniform routing ("balanced"),
+    # or the mildest power law where a table has no balanced rows (A100's).
+    triton = np.array(["fused_moe" in k or "tritonexperts" in k for k in t["kernel_source"]], dtype=bool)
+    dist = "balanced" if np.any(t["distribution"] == "balanced") else "power_law_1.01"
+    t = _where(t, (t["moe_dtype"] == dtype) & (t["distribution"] == dist) & triton)
+    wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
+    rows = zip(t["num_tokens"], t["hidden_size"], t["inter_size"], t["topk"], t["num_experts"], t["moe_tp_size"],
+               t["moe_ep_size"], strict=True)
+    work = np.array([moe_work(float(nt), int(hd), int(it), int(k), int(e), int(tp), int(ep), wb)
+                     for nt, hd, it, k, e, tp, ep in rows]).reshape(-1, 4)
+    return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
+                    t,
+                    peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
+
+
+def _allreduce(root: Path, hw: HardwareProfile) -> dict[int, OpSamples]:
+    """vLLM's custom all-reduce in graph mode; NCCL's where it was not measured (PCIe parts)."""
+    ver = _latest(root / "comm" / "vllm")
+    t = _table(ver, "custom_allreduce_perf.parquet")
+    src = f"vLLM custom all-reduce (graph) {ver.name if ver else '?'}"
+    if t is not None:
+        t = _where(t, t["backend"] == "vllm_graph")
+    else:
+        ver = _latest(root / "comm" / "nccl")
+        t = _table(ver, "nccl_perf.parquet")
+        src = f"NCCL all_reduce {ver.name if ver else '?'}"
+        if t is None:
+            return {}
+        t = _where(t, (t["op_name"] == "all_reduce") & (t["nccl_dtype"] == "half"))
+    out = {}
+    for n in sorted(set(int(x) for x in t["num_gpus"])):
+        sub = _where(t, t["num_gpus"] == n)
+        nbytes = sub["message_size"].astype(float) * ACTIVATION_BYTES  # message_size counts 16-bit elements
+        s = _samples(f"allreduce_{n}", f"{src}, {n} GPUs", np.zeros_like(nbytes), nbytes, nbytes, sub, 1.0,
+                     hw.intra_node_link_gbps * 1e6)
+        if s is not None:
+            out[n] = s
+    return out
+
+
+def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
+    """Every op family's samples for ``hw`` from its table folder (families without a table are absent)."""
+    loaders: dict[str, Callable[[], OpSamples | None]] = {
+        "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm"),
+        "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8"),
+        "attention_prefill": lambda: _attention(gpu_dir, hw, True),
+        "attention_decode": lambda: _attention(gpu_dir, hw, False),
+        "moe": lambda: _moe(gpu_dir, hw, "bfloat16", "moe"),
+        "moe_fp8": lambda: _moe(gpu_dir, hw, "fp8", "moe_fp8"),
+    }
+    out = {}
+    for fam, load in loaders.items():
+        s = load()
+        if s is not None:
+            out[fam] = s
+    for n, s in _allreduce(gpu_dir, hw).items():
+        out[f"allreduce_{n}"] = s
+    return out
+
+
+# -- the fit ------------------------------------------------------------------------------------------
+NC, NM, NP = len(COMPUTE_KNOTS), len(MEMORY_KNOTS), len(PARALLEL_KNOTS)
+# Time = work / (eff(size) x par(width)) with work growing at least as fast as size and width, and each
+# curve linear in log2 between knots. It stays non-decreasing while the slopes' relative growth per log2
+# unit sums to at most ln 2: compute knots are 1 apart, memory and parallel knots 2, so
+# (r_c - 1) + (r_p - 1) / 2 <= ln 2 and (r_m - 1) / 2 + (r_p - 1) / 2 <= ln 2 for the per-knot ratios r.
+MAX_COMPUTE_STEP = float(np.log(1.5))
+MAX_MEMORY_STEP = float(np.log(2.05))
+MAX_PARALLEL_STEP = float(np.log(1.3))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each curve sits in the parameter vector: [latency, sharpness, compute.., memory.., parallel..]."""
+
+    compute: bool
+    parallel: bool
+
+    def split(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        i = 2
+        comp = np.clip(np.exp(np.cumsum(theta[i:i + NC])), 1e-4, 1.0) if self.compute else np.zeros(0)
+        i += NC if self.compute else 0
+        mem = np.clip(np.exp(np.cumsum(theta[i:i + NM])), 1e-4, 2.0)
+        i += NM
+        # The parallel factor is normalised to 1 at its widest knot (it only says how much less a narrow op gets).
+        par = np.exp(np.cumsum(theta[i:i + NP]) - np.sum(theta[i + 1:i + NP])) if self.parallel else np.zeros(0)
+        return comp, mem, np.clip(par, 1e-4, 1.0) if self.parallel else par
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lo, hi, x0 = [0.0, 1.0], [500.0, 50.0], [3.0, 4.0]
+        if self.compute:
+            lo += [np.log(1e-4)] + [-3.0] * (NC - 1)
+            hi += [0.0] + [MAX_COMPUTE_STEP] * (NC - 1)
+            x0 += [np.log(0.05)] + [0.3] * (NC - 1)
+        lo += [np.log(1e-4)] + [-3.0] * (NM - 1)
+        hi += [np.log(2.0)] + [MAX_MEMORY_STEP] * (NM - 1)
+        x0 += [np.log(0.01)] + [0.5] * (NM - 1)
+        if self.parallel:
+            lo += [0.0] + [0.0] * (NP - 1)  # the first value is the normalisation's dummy; factors only grow
+            hi += [1e-9] + [MAX_PARALLEL_STEP] * (NP - 1)
+            x0 += [0.0] + [0.0] * (NP - 1)
+        return np.array(lo), np.array(hi), np.clip(np.array(x0), lo, hi)
+
+
+def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
+    comp, mem, par = lay.split(theta)
+    p_eff = np.interp(np.log2(np.maximum(s.width, 1.0)), PARALLEL_KNOTS, par) \
+        if lay.parallel and s.width is not None else 1.0
+    m = s.nbytes / (s.bytes_per_ms * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff)
+    if not lay.compute:
+        return theta[0] / 1e3 + m
+    c = s.flops / (s.flops_per_ms * np.interp(np.log2(np.maximum(s.size, 1.0)), COMPUTE_KNOTS, comp) * p_eff)
+    top = np.maximum(c, m)
+    p = theta[1]
+    return theta[0] / 1e3 + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+
+
+def fit_op(s: OpSamples) -> OpFit:
+    """One family's ``OpFit`` on its samples (seeded subsample of at most ``MAX_FIT_ROWS``)."""
+    lay = _Layout(compute=bool(np.any(s.flops > 0)), parallel=s.width is not None)
+    rng = np.random.default_rng(SEED)
+    idx = rng.choice(len(s), MAX_FIT_ROWS, replace=False) if len(s) > MAX_FIT_ROWS else np.arange(len(s))
+    sub = OpSamples(s.family, s.source, s.flops[idx], s.nbytes[idx], s.size[idx], s.measured_ms[idx],
+                    s.flops_per_ms, s.bytes_per_ms, None if s.width is None else s.width[idx])
+    # Two stages: without the parallel curve, then with it starting flat (1 everywhere) from the first
+    # stage's solution, so the width can only improve on the size-only fit.
+    first = _Layout(lay.compute, parallel=False)
+    lo, hi, x0 = first.bounds()
+    res = least_squares(lambda th: np.log(_predict(th, sub, first) / sub.measured_ms), x0, bounds=(lo, hi),
+                        loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
+    if lay.parallel:
+        lo, hi, _ = lay.bounds()
+        x1 = np.clip(np.concatenate([res.x, np.zeros(NP)]), lo, hi)
+        res = least_squares(lambda th: np.log(_predict(th, sub, lay) / sub.measured_ms), x1, bounds=(lo, hi),
+                            loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
+    comp, mem, par = lay.split(res.x)
+    return OpFit(latency_us=_r(res.x[0]), sharpness=_r(res.x[1]), compute=[_r(x) for x in comp],
+                 memory=[_r(x) for x in mem], parallel=[_r(x) for x in par])
+
+
+def _r(x: float) -> float:
+    return float(f"{float(x):.4g}")
+
+
+def predict_op(fit: OpFit, s: OpSamples) -> np.ndarray:
+    """The fitted op's time on every sample, through ``OpFit.ms`` (what the cost model calls)."""
+    width = s.width if s.width is not None else np.ones_like(s.flops)
+    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w)
+                     for f, b, z, w in zip(s.flops, s.nbytes, s.size, width, strict=True)])
+
+
+@dataclass(frozen=True)
+class OpError:
     hardware: str
-    tp: int
-    points: list[Point] = field(default_factory=list)
-    excluded: list[Point] = field(default_factory=list)
-    """Points that break monotonicity (more work measured faster than less): left out, and reported."""
+    family: str
+    source: str
+    rows: int
+    median: float
+    p90: float
+    excluded: str = ""
+    """Why this table is not fitted (``EXCLUDED_TABLES``); its error is then that of the borrowed fit."""
+
+    def within(self, median: float) -> bool:
+        return bool(self.excluded) or self.median <= median
 
 
-def split_inconsistent(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
-    """Separate points whose time is below that of a smaller batch of the same prompt (and output).
-
-    A batch of 64 prompts cannot prefill faster than a batch of 32; such rows (Splitwise's TP2 batch-64
-    runs, whose batch was evidently capped) measure something else and would only teach the fit noise.
-    """
-    keep, drop = [], []
-    for pt in points:
-        smaller = [q for q in points if q.kind == pt.kind and q.prompt == pt.prompt and q.tokens == pt.tokens
-                   and q.batch < pt.batch]
-        if any(q.measured_ms > pt.measured_ms * 1.05 for q in smaller):
-            drop.append(pt)
-        else:
-            keep.append(pt)
-    return keep, drop
-
-
-def load_points(path: Path = DEFAULT_DATA) -> list[Group]:
-    """Medians per measured point, grouped by (model, hardware, TP)."""
-    raw: dict[tuple[str, str, int], dict[tuple[str, int, int, int], list[float]]] = defaultdict(
-        lambda: defaultdict(list))
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            model = MODEL_NAMES.get(row["model"])
-            hw = HARDWARE_NAMES.get(row["hardware"])
-            if model is None or hw is None:
-                continue
-            key = (model, hw, int(row["tensor_parallel"]))
-            p, b, t = int(row["prompt_size"]), int(row["batch_size"]), int(row["token_size"])
-            raw[key][("prefill", p, b, 0)].append(float(row["prompt_time"]))
-            raw[key][("decode", p, b, t)].append(float(row["token_time"]))
-    groups = []
-    for (model, hw, tp), pts in sorted(raw.items()):
-        medians = [Point(kind, p, b, t, statistics.median(vals)) for (kind, p, b, t), vals in sorted(pts.items())]
-        keep, drop = split_inconsistent(medians)
-        groups.append(Group(model, hw, tp, keep, drop))
-    return groups
-
-
-def _efficiency(theta: Sequence[float], knee: int, fitted_on: str) -> Efficiency:
-    values = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
-    return Efficiency(**values, knee_tokens=knee, fitted_on=fitted_on)
-
-
-def predict(hw: HardwareProfile, model: ModelProfile, tp: int, eff: Efficiency, pts: Sequence[Point]) -> np.ndarray:
-    cm = RooflineCostModel(hw, model, tp, efficiency=eff)
-    return np.array([cm.step(pt.shape()).total_ms for pt in pts])
+def op_error(hardware: str, fit: OpFit, s: OpSamples) -> OpError:
+    ape = np.abs(predict_op(fit, s) / s.measured_ms - 1.0)
+    excluded = EXCLUDED_TABLES.get((hardware, s.family), ("", ""))[1]
+    return OpError(hardware, s.family, s.source, len(s), float(np.median(ape)), float(np.percentile(ape, 90)),
+                   excluded)
 
 
 @dataclass(frozen=True)
-class GroupError:
-    model: str
-    hardware: str
-    tp: int
-    prefill_median: float
-    prefill_p90: float
-    decode_median: float
-    decode_p90: float
-    points: int
-    excluded: int = 0
-
-    def within(self, median: float = 0.12, p90: float = 0.30) -> bool:
-        return (self.prefill_median <= median and self.decode_median <= median
-                and self.prefill_p90 <= p90 and self.decode_p90 <= p90)
-
-
-def group_error(cat: Catalog, g: Group, eff: Efficiency) -> GroupError:
-    hw, model = cat.hardware.get(g.hardware), cat.models.get(g.model)
-    pred = predict(hw, model, g.tp, eff, g.points)
-    meas = np.array([p.measured_ms for p in g.points])
-    ape = np.abs(pred - meas) / meas
-    kinds = np.array([p.kind for p in g.points])
-    pre, dec = ape[kinds == "prefill"], ape[kinds == "decode"]
-    return GroupError(g.model, g.hardware, g.tp, float(np.median(pre)), float(np.percentile(pre, 90)),
-                      float(np.median(dec)), float(np.percentile(dec, 90)), len(g.points), len(g.excluded))
-
-
-@dataclass(frozen=True)
-class FitResult:
+class OpFitResult:
     hardware: str
     efficiency: Efficiency
-    errors: list[GroupError]
+    errors: list[OpError]
 
 
-def fit_hardware(cat: Catalog, hw_name: str, groups: Sequence[Group]) -> FitResult:
-    """One efficiency set for ``hw_name`` over all its measured (model, TP) groups."""
+def _family_fit(eff: Efficiency, family: str) -> OpFit:
+    if family.startswith("allreduce_"):
+        return eff.allreduce_fit(int(family.split("_")[1]))
+    fit: OpFit = getattr(eff, family)
+    return fit
+
+
+def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
+                     fitted: dict[str, Efficiency] | None = None) -> OpFitResult:
+    """Fit every op family measured for ``hw_name``; families without a table keep the preset's fit
+    (fp8 GEMM/MoE fall back to the 16-bit fit on a part with no fp8 tensor cores); an excluded table
+    (``EXCLUDED_TABLES``) takes the named GPU's fit, from ``fitted`` (this run's) or the presets."""
     hw = cat.hardware.get(hw_name)
-    mine = [g for g in groups if g.hardware == hw_name]
-    if not mine:
-        raise ValueError(f"no measurements for hardware {hw_name!r}")
-    label = "; ".join(f"{g.model} TP{g.tp}" for g in mine)
-    fitted_on = f"splitwise_dgx perf_model.csv: {label}"
-
-    measured = [np.array([p.measured_ms for p in g.points]) for g in mine]
-
-    def residuals(theta: np.ndarray, knee: int) -> np.ndarray:
-        eff = _efficiency(theta.tolist(), knee, fitted_on)
-        out = [np.log(predict(hw, cat.models.get(g.model), g.tp, eff, g.points) / meas)
-               for g, meas in zip(mine, measured, strict=True)]
-        return np.concatenate(out)
-
-    best: tuple[float, np.ndarray, int] | None = None
-    for knee in KNEE_GRID:
-        for start in STARTS:
-            res = least_squares(residuals, np.array(start), bounds=(LOWER, UPPER), loss="huber",
-                                f_scale=0.1, args=(knee,))
-            if best is None or res.cost < best[0]:
-                best = (float(res.cost), res.x, knee)
-    assert best is not None
-    eff = _efficiency(_round(best[1]), best[2], fitted_on)
-    return FitResult(hw_name, eff, [group_error(cat, g, eff) for g in mine])
-
-
-def _round(theta: np.ndarray) -> list[float]:
-    return [float(f"{x:.4g}") for x in theta]
+    gpu_dir = data / OP_TABLE_GPUS[hw_name]
+    samples = load_op_tables(hw, gpu_dir)
+    if not samples:
+        raise ValueError(f"no op tables for {hw_name} under {gpu_dir}")
+    fits = {}
+    for fam, s in samples.items():
+        if (hw_name, fam) in EXCLUDED_TABLES:
+            src = EXCLUDED_TABLES[(hw_name, fam)][0]
+            fits[fam] = getattr((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
+        else:
+            fits[fam] = fit_op(s)
+    base = hw.efficiency
+    upd: dict[str, object] = {fam: fits[fam] for fam in ("gemm", "gemm_fp8", "attention_prefill",
+                                                         "attention_decode", "moe", "moe_fp8") if fam in fits}
+    for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):
+        if fp8 not in upd and b16 in upd:
+            upd[fp8] = upd[b16]
+    allreduce = {int(f.split("_")[1]): fit for f, fit in fits.items() if f.startswith("allreduce_")}
+    if allreduce:
+        upd["allreduce"] = allreduce
+    versions = sorted({m.group(0) for fam, s in samples.items() if not fam.startswith("allreduce")
+                       for m in [re.search(r"\d+\.\d+\.\d+", s.source)] if m})
+    upd["fitted_on"] = f"aiconfigurator_vllm op tables, {OP_TABLE_GPUS[hw_name]} ({', '.join(versions)})"
+    eff = base.model_copy(update=upd)
+    errors = [op_error(hw_name, _family_fit(eff, fam), s) for fam, s in samples.items()]
+    return OpFitResult(hw_name, eff, errors)
 
 
-def fit_all(cat: Catalog, groups: Sequence[Group]) -> list[FitResult]:
-    return [fit_hardware(cat, hw, groups) for hw in sorted({g.hardware for g in groups})]
+def current_op_errors(cat: Catalog, hw_name: str, data: Path = OP_DATA) -> list[OpError]:
+    """Errors of the efficiencies now in the presets on ``hw_name``'s op tables (no fitting)."""
+    hw = cat.hardware.get(hw_name)
+    samples = load_op_tables(hw, data / OP_TABLE_GPUS[hw_name])
+    return [op_error(hw_name, _family_fit(hw.efficiency, fam), s) for fam, s in samples.items()]
 
 
-def current_errors(cat: Catalog, groups: Sequence[Group]) -> list[GroupError]:
-    """Errors of the efficiencies now in the presets (no fitting)."""
-    return [group_error(cat, g, cat.hardware.get(g.hardware).efficiency) for g in groups]
-
-
-def write_presets(fits: Sequence[FitResult], path: Path = PRESETS_DIR / "hardware.yaml") -> None:
+def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardware.yaml") -> None:
     """Replace the ``efficiency`` block of each fitted profile in the hardware preset file, in place.
 
     Edits the file's text (not a YAML round trip) so that comments and key order survive.
@@ -233,19 +418,97 @@ def write_presets(fits: Sequence[FitResult], path: Path = PRESETS_DIR / "hardwar
     path.write_text(text)
 
 
+def _fit_line(key: str, fit: OpFit, indent: str) -> str:
+    body = json.dumps(fit.model_dump(), separators=(", ", ": "))
+    return f"{indent}{key}: {body}"
+
+
 def _efficiency_block(eff: Efficiency) -> list[str]:
     lines = ["  efficiency:"]
-    for k in (*PARAMS, "knee_tokens"):
+    for fam in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe", "moe_fp8"):
+        lines.append(_fit_line(fam, getattr(eff, fam), "    "))
+    lines.append("    allreduce:")
+    for n, fit in sorted(eff.allreduce.items()):
+        lines.append(_fit_line(str(n), fit, "      "))
+    for k in ("step_overhead_us", "request_overhead_us", "layer_overhead_us"):
         lines.append(f"    {k}: {getattr(eff, k)}")
     lines.append(f"    fitted_on: {json.dumps(eff.fitted_on)}")
     return lines
 
 
-def mape_summary(errors: Sequence[GroupError]) -> dict[str, float]:
-    return {
-        "worst_prefill_median": max(e.prefill_median for e in errors),
-        "worst_prefill_p90": max(e.prefill_p90 for e in errors),
-        "worst_decode_median": max(e.decode_median for e in errors),
-        "worst_decode_p90": max(e.decode_p90 for e in errors),
-    }
+# -- the Splitwise DGX report (2023 software: shown, not bounded) -------------------------------------
+MODEL_NAMES = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b"}
+HARDWARE_NAMES = {"a100-80gb": "a100-80g-sxm", "h100-80gb": "h100-80g-sxm", "h100-80gb-pcap": "h100-80g-sxm-pcap"}
 
+
+@dataclass(frozen=True)
+class Point:
+    """One measured point: the median over its repeats."""
+
+    kind: str  # "prefill" or "decode"
+    prompt: int
+    batch: int
+    tokens: int  # generated tokens (decode points)
+    measured_ms: float
+
+    def shape(self) -> StepShape:
+        if self.kind == "prefill":
+            return StepShape.of(prefills=[(self.prompt, 0)] * self.batch)
+        # A decode point is the mean step over generating `tokens` tokens: mean context prompt + tokens/2.
+        ctx = self.prompt + self.tokens // 2
+        return StepShape.of(decodes=[ctx] * self.batch)
+
+
+@dataclass
+class Group:
+    model: str
+    hardware: str
+    tp: int
+    points: list[Point] = field(default_factory=list)
+
+
+def load_points(path: Path = DEFAULT_DATA) -> list[Group]:
+    """Medians per measured point, grouped by (model, hardware, TP)."""
+    raw: dict[tuple[str, str, int], dict[tuple[str, int, int, int], list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            model = MODEL_NAMES.get(row["model"])
+            hw = HARDWARE_NAMES.get(row["hardware"])
+            if model is None or hw is None:
+                continue
+            key = (model, hw, int(row["tensor_parallel"]))
+            p, b, t = int(row["prompt_size"]), int(row["batch_size"]), int(row["token_size"])
+            raw[key][("prefill", p, b, 0)].append(float(row["prompt_time"]))
+            raw[key][("decode", p, b, t)].append(float(row["token_time"]))
+    return [Group(model, hw, tp, [Point(kind, p, b, t, statistics.median(vals))
+                                  for (kind, p, b, t), vals in sorted(pts.items())])
+            for (model, hw, tp), pts in sorted(raw.items())]
+
+
+@dataclass(frozen=True)
+class GroupError:
+    model: str
+    hardware: str
+    tp: int
+    prefill_median: float
+    decode_median: float
+    prefill_bias: float
+    """Median of predicted / measured - 1 (negative: the model is faster than the 2023 stack)."""
+    decode_bias: float
+    points: int
+
+
+def splitwise_report(cat: Catalog, groups: Sequence[Group]) -> list[GroupError]:
+    """The new model (eager, as 2023's stack ran) against Splitwise's step times, per group."""
+    out = []
+    for g in groups:
+        cm = RooflineCostModel(cat.hardware.get(g.hardware), cat.models.get(g.model), g.tp, cudagraphs=False)
+        pred = np.array([cm.step(p.shape()).total_ms for p in g.points])
+        meas = np.array([p.measured_ms for p in g.points])
+        ratio = pred / meas - 1.0
+        kinds = np.array([p.kind for p in g.points])
+        pre, dec = ratio[kinds == "prefill"], ratio[kinds == "decode"]
+        out.append(GroupError(g.model, g.hardware, g.tp, float(np.median(np.abs(pre))), float(np.median(np.abs(dec))),
+                              float(np.median(pre)), float(np.median(dec)), len(g.points)))
+    return out

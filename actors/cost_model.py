@@ -1,17 +1,31 @@
-"""The cost model: how long one engine step takes on the emulated hardware.
+"""The cost model: how long one engine step takes on the emulated hardware (vLLM 0.19, v1 engine).
 
-Roofline form, per step over a mixed batch (prefill chunks with their context, decode sequences with
-theirs)::
+A step is the sum of the kernels one TP rank runs for the batch, each a roofline fitted on vLLM's own
+kernel timings (``Efficiency``'s ``OpFit``: ``latency + soft-max(FLOPs / (peak x eff_c(size)),
+bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
 
-    step = max(compute, memory) + all-reduce + overhead
-    compute   = (2 x active params x tokens + attention FLOPs) / (TP x peak x eff_compute)
-    memory    = (weights read + KV read + KV written) / (TP x HBM bandwidth x eff_memory)
-    all-reduce = 2 per layer of tokens x hidden x 2 bytes, ring over TP GPUs on the node link
-    overhead  = layers x (per-layer overhead + per-sequence overhead x sequences)
+    step = layers x (QKV + attention + O + all-reduce + MLP|MoE (+ all-to-all) + all-reduce) + LM head
+           + step overhead + sequences x request overhead (+ layers x layer overhead unless one graph)
 
-MoE models count active parameters for compute and the expected distinct experts a step touches for
-weight reads. KV bytes per token follow the architecture (GQA or MLA). The free parameters (the
-hardware profile's ``efficiency``) are fitted on measured step times by ``actors.calibration``.
+- GEMMs (``gemm``/``gemm_fp8``): QKV ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up
+  ``[T, 2 inter/tp, hidden]``, down ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
+  bytes = weights + activations in and out.
+- Attention (``attention_prefill``): causal (query, key) pairs of the chunks x heads x (4 x head_dim +
+  ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``): every decode's context KV read.
+- Fused MoE (``moe``/``moe_fp8``): top-k token-expert pairs, the expected distinct experts' weights read;
+  with expert parallelism (EP) each rank holds ``experts / ep`` and sees the tokens of every DP rank,
+  and a dispatch and a combine all-to-all cross the node link.
+- All-reduce: 2 per layer when TP > 1, vLLM's custom all-reduce as measured (``allreduce``).
+- CUDA graphs (vLLM ``compilation_config``, ``vllm/config/vllm.py: _set_cudagraph_sizes``; the
+  ``FULL_AND_PIECEWISE`` default of ``docs/design/cuda_graphs.md``): capture sizes
+  ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, max = min(2 x max_num_seqs, 512), capped by
+  max_num_batched_tokens. A uniform decode batch replays one full graph padded up to the next capture
+  size; a mixed batch runs piecewise graphs at the padded size with attention outside them (pays
+  ``layer_overhead_us`` per layer); a step above the largest size runs eagerly (same per-layer cost).
+- Async scheduling (vLLM 0.19's ``async_scheduling``) overlaps the CPU's scheduling of step n+1 with the
+  GPU's step n, so only GPU-visible time counts: ``step_overhead_us`` and ``request_overhead_us``.
+  Defaults from BLIS's published H100 fit (``../shared/calibration/blis_h100_coefficients``: 126 us per
+  step, 4.42 us per request, 32.1 us per layer).
 
 An ``EmpiricalCostModel`` takes fixed rates instead (the lessons card's ``lesson-70b-fp8``); the card's
 closed forms for one request are ``ms_colocated`` and ``ms_disaggregated``.
@@ -19,16 +33,61 @@ closed forms for one request are ``ms_colocated`` and ``ms_disaggregated``.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from config.hardware import Efficiency, HardwareProfile
+import numpy as np
+
+from config.dtypes import dtype_bytes
+from config.hardware import Efficiency, HardwareProfile, OpFit
 from config.link import LinkProfile
 from config.model import ModelProfile
 from config.profile import EmpiricalProfile
 
-ACTIVATION_BYTES = 2  # all-reduce payloads are bf16 activations
+ACTIVATION_BYTES = 2  # activations, attention operands and all-reduce payloads are bf16
+# A score's softmax (exp, max, rescale) runs on the SMs' special-function units, not the tensor cores: its
+# time, in tensor-FLOP equivalents per (query, key) pair and head, fitted on the H100 prefill-attention
+# table (head_dim 64 rows run 1.28x slower per tensor FLOP than head_dim 128 ones: (256+S)/(512+S) = 0.64).
+SCORE_FLOPS = 192.0
+# vLLM 0.19 CompilationConfig: the largest capture size is min(2 x max_num_seqs, 512).
+MAX_CAPTURE_SIZE = 512
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM 0.19's default CUDA graph capture sizes (``vllm/config/vllm.py: _set_cudagraph_sizes``)."""
+    top = min(2 * max_num_seqs, MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    return tuple(s for s in sizes if s <= top)
+
+
+Num = TypeVar("Num", float, np.ndarray)
+
+
+def gemm_bytes(m: Num, n: Num, k: Num, weight_bytes: float) -> Num:
+    """Bytes a GEMM ``[m, k] x [k, n]`` moves: the weights once, activations in and out at 16 bits."""
+    return n * k * weight_bytes + m * (k + n) * ACTIVATION_BYTES
+
+
+def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int,
+             weight_bytes: float, gated: bool = True) -> tuple[float, float, float, float]:
+    """FLOPs, bytes, size (token-expert pairs routed to the rank) and parallel width (touched experts x
+    their width) of one fused-MoE call on one rank.
+
+    ``tokens`` is every DP rank's tokens (EP sees them all); a rank holds ``experts / ep`` experts, each
+    with ``inter / tp`` of its width. Uniform routing: an expert is missed by one token with probability
+    ``1 - k/E``, so ``E_local x (1 - (1 - k/E)^tokens)`` distinct local experts are read.
+    """
+    local = experts / ep
+    pairs = tokens * topk / ep
+    width = inter / tp
+    mats = 3 if gated else 2
+    touched = local * (1.0 - (1.0 - topk / experts) ** tokens)
+    flops = 2.0 * pairs * mats * hidden * width
+    nbytes = touched * mats * hidden * width * weight_bytes + pairs * 2 * hidden * ACTIVATION_BYTES
+    return flops, nbytes, pairs, touched * width
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +136,20 @@ class StepShape:
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
-    """One step's predicted duration (emulated ms) and its parts."""
+    """One step's predicted duration (emulated ms) and its parts.
+
+    ``compute_ms``: GEMMs, MoE and the LM head; ``memory_ms``: attention (KV reads); ``comm_ms``:
+    all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs.
+    ``graph``: ``full``, ``piecewise`` or ``eager``; ``padded_tokens``: tokens the graphs ran at.
+    """
 
     total_ms: float
     compute_ms: float = 0.0
     memory_ms: float = 0.0
     comm_ms: float = 0.0
     overhead_ms: float = 0.0
+    graph: str = ""
+    padded_tokens: int = 0
 
     @property
     def bound(self) -> str:
@@ -101,65 +167,137 @@ class CostModel(Protocol):
 
 
 class RooflineCostModel:
-    """Roofline step time for ``model`` on ``tp`` GPUs of ``hardware`` (see the module docstring).
+    """Per-op roofline step time for ``model`` on ``tp`` GPUs of ``hardware`` (see the module docstring).
 
-    Invariants: a step's time never decreases when tokens, sequences or contexts grow; an empty step
-    takes zero time.
+    ``ep`` > 1: the MoE layers are expert-parallel over ``ep`` GPUs (vLLM's ``--enable-expert-parallel``:
+    EP = TP x DP, experts whole on their rank, not TP-sharded): ``ep / tp`` data-parallel ranks, each
+    running attention on its own batch; the other DP ranks are assumed to carry as many tokens (vLLM steps
+    DP ranks together) and their tokens reach the experts by an all-to-all dispatch and combine. ``max_num_seqs`` and
+    ``max_num_batched_tokens`` set the CUDA graph capture sizes; ``cudagraphs=False`` runs every step
+    eagerly (vLLM's ``enforce_eager``).
+
+    Invariants: a step's time never decreases when tokens, sequences or contexts grow (the efficiency
+    curves are fitted under that constraint); an empty step takes zero time.
     """
 
     def __init__(self, hardware: HardwareProfile, model: ModelProfile, tp: int = 1,
-                 efficiency: Efficiency | None = None) -> None:
-        if tp < 1:
-            raise ValueError("tp must be at least 1")
-        self.hardware = hardware
-        self.model = model
-        self.tp = tp
-        self.name = f"{model.name}@{hardware.name}xTP{tp}"
+                 efficiency: Efficiency | None = None, *, ep: int = 1, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, cudagraphs: bool = True) -> None:
+        if tp < 1 or ep < 1:
+            raise ValueError("tp and ep must be at least 1")
+        if model.moe is None:
+            ep = 1  # as vLLM: --enable-expert-parallel changes nothing in a dense model
+        if ep > 1 and ep % tp:
+            raise ValueError(f"ep ({ep}) must be a multiple of tp ({tp})")
+        self.hardware, self.model, self.tp, self.ep = hardware, model, tp, ep
+        self.dp = ep // tp if ep > 1 else 1
+        """Data-parallel ranks whose tokens meet in the experts (1: EP over the TP ranks only)."""
+        self.name = f"{model.name}@{hardware.name}xTP{tp}" + (f"xEP{ep}" if ep > 1 else "")
         self.kv_bytes_per_token = model.kv_bytes_per_token
         self.max_context = model.max_context
-        eff = efficiency or hardware.efficiency
-        self.eff = eff
-        # Rates per emulated millisecond for the whole TP group.
-        self._flops_per_ms = tp * hardware.tflops(model.gemm_dtype) * 1e12 * eff.compute / 1e3
-        self._bytes_per_ms = tp * hardware.hbm_bandwidth_gbps * 1e9 * eff.memory / 1e3
-        self._flops_per_token = 2.0 * model.active_params_b * 1e9
-        self._attn_flops_per_pair = model.attention_flops_per_token_per_context
-        self._dense_weight_bytes = model.dense_weight_bytes
-        self._link_bytes_per_ms = hardware.intra_node_link_gbps * 1e9 * eff.link / 1e3
-        self._link_large_bytes_per_ms = hardware.intra_node_link_gbps * 1e9 * eff.link_large / 1e3
-        self._knee_tokens = eff.knee_tokens
-        self._layer_overhead_ms = eff.layer_overhead_us * model.num_layers / 1e3
-        self._seq_overhead_ms = eff.seq_layer_overhead_us * model.num_layers / 1e3
-        self._allreduce_calls = 2 * model.num_layers
-        self._allreduce_bytes_per_token = model.hidden_size * ACTIVATION_BYTES
+        self.eff = eff = efficiency or hardware.efficiency
+        self.capture = capture_sizes(max_num_seqs, max_num_batched_tokens) if cudagraphs else ()
+        fp8 = model.gemm_dtype in ("fp8", "fp4", "int4")
+        self._gemm: OpFit = eff.gemm_fp8 if fp8 else eff.gemm
+        self._moe: OpFit = eff.moe_fp8 if fp8 else eff.moe
+        self._wb = dtype_bytes(model.weight_dtype)
+        self._gemm_flops = hardware.tflops(model.gemm_dtype) * 1e9  # FLOP per ms
+        self._attn_flops = hardware.tflops("bf16") * 1e9
+        self._hbm = hardware.hbm_bandwidth_gbps * 1e6  # bytes per ms
+        self._link = hardware.intra_node_link_gbps * 1e6
+        m, d = model, model.head_dim
+        self._q = m.num_heads * d / tp
+        kv_heads = m.num_kv_heads if m.mla is not None else math.ceil(m.num_kv_heads / tp)
+        self._kv = kv_heads * d
+        self._heads = m.num_heads / tp
+        self._kv_heads = kv_heads
+        layers = m.num_layers
+        self._attn_flops_pair = (m.attention_flops_per_token_per_context / layers + SCORE_FLOPS * m.num_heads) / tp
+        per_layer_kv = m.kv_bytes_per_token / layers
+        self._kv_bytes_layer = per_layer_kv if m.mla is not None else (
+            2 * kv_heads * d * dtype_bytes(m.kv_dtype))
+
+    # -- one kernel each ---------------------------------------------------------------------------
+    def gemm_ms(self, m: float, n: float, k: float) -> float:
+        return self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n)
 
     def allreduce_ms(self, tokens: int) -> float:
-        """Ring all-reduce of every layer's activations over the TP group: 2 (tp-1) hops per call.
-
-        Tokens beyond the hardware's ``knee_tokens`` move at the lower ``link_large`` efficiency.
-        """
+        """All of a step's all-reduces (2 per layer) of ``tokens`` rows of activations over the TP group."""
         if self.tp == 1 or tokens == 0:
             return 0.0
-        small = min(tokens, self._knee_tokens)
-        large = tokens - small
-        ring = 2.0 * (self.tp - 1) / self.tp * self._allreduce_bytes_per_token
-        per_call = (ring * (small / self._link_bytes_per_ms + large / self._link_large_bytes_per_ms)
-                    + 2 * (self.tp - 1) * self.eff.allreduce_latency_us / 1e3)
-        return self._allreduce_calls * per_call
+        nbytes = tokens * self.model.hidden_size * ACTIVATION_BYTES
+        one = self.eff.allreduce_fit(self.tp).ms(0.0, nbytes, 0.0, 1.0, self._link)
+        return 2 * self.model.num_layers * one
+
+    def alltoall_ms(self, tokens: int) -> float:
+        """EP dispatch and combine per MoE layer: each token's top-k rows, ``(ep-1)/ep`` of them remote,
+        at the link efficiency measured for an all-reduce of the same size over ``ep`` GPUs."""
+        if self.dp == 1 or self.model.moe is None or tokens == 0:
+            return 0.0
+        moe = self.model.moe
+        nbytes = tokens * moe.experts_per_token * self.model.hidden_size * ACTIVATION_BYTES * (self.ep - 1) / self.ep
+        one = self.eff.allreduce_fit(self.ep).ms(0.0, nbytes, 0.0, 1.0, self._link)
+        return 2 * moe.moe_layers * one
+
+    def attention_ms(self, shape: StepShape) -> float:
+        """One layer's attention: the prefill chunks' causal pairs, the decodes' KV reads."""
+        t = 0.0
+        if shape.prefill_seqs:
+            ctx = shape.kv_read_tokens - shape.decode_context
+            flops = self._attn_flops_pair * shape.prefill_pairs
+            nbytes = (ctx + shape.prefill_tokens) * self._kv_bytes_layer \
+                + 2 * shape.prefill_tokens * self._q * ACTIVATION_BYTES
+            t += self.eff.attention_prefill.ms(flops, nbytes, shape.prefill_tokens / shape.prefill_seqs,
+                                               self._attn_flops, self._hbm, shape.prefill_seqs * self._heads)
+        if shape.decode_seqs:
+            flops = self._attn_flops_pair * shape.decode_context
+            nbytes = shape.decode_context * self._kv_bytes_layer + 2 * shape.decode_seqs * self._q * ACTIVATION_BYTES
+            t += self.eff.attention_decode.ms(flops, nbytes, shape.decode_seqs, self._attn_flops, self._hbm,
+                                              shape.decode_seqs * self._kv_heads)
+        return t
+
+    def graph_mode(self, shape: StepShape) -> tuple[str, int]:
+        """(``full`` | ``piecewise`` | ``eager``, tokens the step runs at after padding)."""
+        tokens = shape.tokens
+        if not self.capture or tokens > self.capture[-1]:
+            return "eager", tokens
+        padded = self.capture[bisect.bisect_left(self.capture, tokens)]
+        return ("full" if shape.prefill_seqs == 0 else "piecewise"), padded
+
+    def layer_gemms_ms(self, tokens: int) -> float:
+        """Every layer's GEMMs and MoE at ``tokens`` rows, summed over the layers."""
+        m, tp = self.model, self.tp
+        h = m.hidden_size
+        t = m.num_layers * (self.gemm_ms(tokens, self._q + 2 * self._kv, h) + self.gemm_ms(tokens, h, self._q))
+        if m.dense_layers:
+            inter = m.mlp_width / tp
+            up = 2 * inter if m.mlp_gated else inter
+            t += m.dense_layers * (self.gemm_ms(tokens, up, h) + self.gemm_ms(tokens, h, inter))
+        if m.moe is not None:
+            e = m.moe
+            flops, nbytes, size, width = moe_work(tokens * self.dp, h, m.expert_width, e.experts_per_token,
+                                                  e.num_experts, 1 if self.ep > 1 else tp, self.ep, self._wb,
+                                                  m.mlp_gated)
+            per_layer = self.gemm_ms(tokens, e.num_experts, h) + self._moe.ms(flops, nbytes, size, self._gemm_flops,
+                                                                             self._hbm, width)
+            if e.shared_intermediate_size:
+                si = e.shared_intermediate_size / tp
+                per_layer += self.gemm_ms(tokens, 2 * si, h) + self.gemm_ms(tokens, h, si)
+            t += e.moe_layers * per_layer
+        return t
 
     def step(self, shape: StepShape) -> StepTime:
-        tokens = shape.tokens
-        if tokens == 0:
+        if shape.empty:
             return StepTime(0.0)
-        flops = self._flops_per_token * tokens + self._attn_flops_per_pair * (
-            shape.prefill_pairs + shape.decode_context)
-        compute = flops / self._flops_per_ms
-        weight_bytes = self._dense_weight_bytes + self.model.expert_weight_bytes_read(tokens)
-        kv_bytes = self.kv_bytes_per_token * (shape.kv_read_tokens + tokens)
-        memory = (weight_bytes + kv_bytes) / self._bytes_per_ms
-        comm = self.allreduce_ms(tokens)
-        overhead = self._layer_overhead_ms + self._seq_overhead_ms * shape.seqs
-        return StepTime(max(compute, memory) + comm + overhead, compute, memory, comm, overhead)
+        mode, padded = self.graph_mode(shape)
+        m = self.model
+        gemms = self.layer_gemms_ms(padded) + self.gemm_ms(shape.seqs, m.vocab_size / self.tp, m.hidden_size)
+        attention = m.num_layers * self.attention_ms(shape)
+        comm = self.allreduce_ms(padded) + self.alltoall_ms(padded)
+        overhead = (self.eff.step_overhead_us + self.eff.request_overhead_us * shape.seqs
+                    + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3
+        total = gemms + attention + comm + overhead
+        return StepTime(total, gemms, attention, comm, overhead, mode, padded)
 
 
 class EmpiricalCostModel:

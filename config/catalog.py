@@ -101,6 +101,11 @@ def _inherit_efficiency(reg: Registry[HardwareProfile], path: Path) -> Registry[
             problems.append((f"items[{i}].efficiency_from",
                              f"{src_name!r} is not a hardware profile with efficiencies of its own"))
             continue
+        if src.architecture != hw.architecture:
+            problems.append((f"items[{i}].efficiency_from",
+                             f"{src_name!r} is {src.architecture}, {name!r} is {hw.architecture}: borrow "
+                             f"efficiencies from a calibrated part of the same architecture family"))
+            continue
         eff = src.efficiency.model_copy(update={"fitted_on": f"inherited from {src_name} ({src.efficiency.fitted_on})"})
         items[name] = hw.model_copy(update={"efficiency": eff})
     if problems:

@@ -65,10 +65,21 @@ class EngineGroupSpec(Frozen):
     """GPU type; defaults to the node's."""
     tp: PositiveInt = 1
     replicas: PositiveInt = 1
+    ep: PositiveInt = 1
+    """Expert-parallel degree of a MoE model (vLLM ``--enable-expert-parallel``): the experts are split over
+    ``ep`` GPUs, ``tp`` of each engine times ``ep / tp`` data-parallel replicas of this group (set-up D:
+    tp 1, replicas 2, ep 2), which exchange tokens by all-to-all in every MoE layer. As in vLLM, it changes
+    nothing for a dense model."""
     scheduler: SchedulerSpec = SchedulerSpec()
     step_profile: str | None = None
     """A measured step-time table (``config.step_profile``'s CSV format) that replaces the model's
     roofline step times; the path is read where the engine starts (relative: to the working directory)."""
+
+    @model_validator(mode="after")
+    def _ep_fits(self) -> EngineGroupSpec:
+        if self.ep > 1 and (self.ep % self.tp or self.replicas % (self.ep // self.tp)):
+            raise ValueError(f"ep ({self.ep}) must be tp ({self.tp}) times a divisor of replicas ({self.replicas})")
+        return self
 
     @field_validator("step_profile")
     @classmethod

@@ -1,52 +1,135 @@
-"""Hardware profile: what one GPU can do, and the few fitted factors that make it match measurements."""
+"""Hardware profile: what one GPU can do (datasheet figures), and the fitted efficiencies that make the
+cost model's rooflines match the GPU's measured kernel times."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import numpy as np
 from pydantic import Field, model_validator
 
-from config.base import Fraction, Frozen, Name, NonNegativeFloat, PositiveFloat, PositiveInt
+from config.base import Frozen, Name, NonNegativeFloat, PositiveFloat, PositiveInt
 from config.dtypes import DType
+
+# Knots of the efficiency curves, in log2 of the op's size (see ``OpFit``). Fixed here so that a preset
+# holds only values; the ends clamp (an op smaller or larger than the table's range keeps the end value).
+COMPUTE_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(0, 16))
+"""log2 of the compute size: tokens of a GEMM (m), tokens per sequence of a prefill attention, sequences
+of a decode attention, token-expert pairs a rank computes in a fused MoE: 1 .. 32,768."""
+MEMORY_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(10, 34, 2))
+"""log2 of the bytes the op moves: 1 KiB .. 8 GiB."""
+PARALLEL_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(0, 22, 2))
+"""log2 of the op's parallel width (independent output tiles: a GEMM's n, an attention's sequences x
+heads, a MoE's touched experts x width): 1 .. 1M. Too few tiles leave SMs idle whatever the size."""
+
+# Memory efficiency may exceed 1: an operand that fits in L2 (50 MB on H100, 96 MB on L40S) is re-read
+# faster than HBM/GDDR streams it.
+MemoryEff = Annotated[float, Field(gt=0, le=2.0)]
+ComputeEff = Annotated[float, Field(gt=0, le=1.0)]
+
+
+class OpFit(Frozen):
+    """One op family's roofline on one GPU, fitted on its measured kernel times.
+
+    ``t = latency + (c^p + m^p)^(1/p)`` with ``c = FLOPs / (peak x compute(size))`` and
+    ``m = bytes / (bandwidth x memory(bytes))``: a roofline whose corner is rounded by ``p`` (``sharpness``;
+    large p is the plain max) and whose efficiencies depend on the op's size, piecewise linear in log2 of
+    it (``COMPUTE_KNOTS``, ``MEMORY_KNOTS``). Small-m GEMMs reach a small fraction of the tensor peak and
+    small transfers a small fraction of the bandwidth: the curves say how small. An empty ``compute`` means
+    the op has no compute term (a collective).
+    """
+
+    latency_us: NonNegativeFloat = 3.0
+    """Fixed time of one kernel (launch inside a CUDA graph, prologue, tail)."""
+    sharpness: Annotated[float, Field(ge=1.0, le=50.0)] = 4.0
+    compute: list[ComputeEff] = Field(default_factory=lambda: [0.6] * len(COMPUTE_KNOTS))
+    memory: list[MemoryEff] = Field(default_factory=lambda: [0.8] * len(MEMORY_KNOTS))
+    parallel: list[ComputeEff] = Field(default_factory=list)
+    """Factor on both efficiencies by parallel width (``PARALLEL_KNOTS``); empty: 1."""
+
+    @model_validator(mode="after")
+    def _knots(self) -> OpFit:
+        if self.compute and len(self.compute) != len(COMPUTE_KNOTS):
+            raise ValueError(f"compute needs {len(COMPUTE_KNOTS)} values (one per knot) or none")
+        if len(self.memory) != len(MEMORY_KNOTS):
+            raise ValueError(f"memory needs {len(MEMORY_KNOTS)} values (one per knot)")
+        if self.parallel and len(self.parallel) != len(PARALLEL_KNOTS):
+            raise ValueError(f"parallel needs {len(PARALLEL_KNOTS)} values (one per knot) or none")
+        return self
+
+    def compute_eff(self, size: float) -> float:
+        return float(np.interp(np.log2(max(size, 1.0)), COMPUTE_KNOTS, self.compute))
+
+    def memory_eff(self, nbytes: float) -> float:
+        return float(np.interp(np.log2(max(nbytes, 1.0)), MEMORY_KNOTS, self.memory))
+
+    def parallel_eff(self, width: float) -> float:
+        if not self.parallel:
+            return 1.0
+        return float(np.interp(np.log2(max(width, 1.0)), PARALLEL_KNOTS, self.parallel))
+
+    def ms(self, flops: float, nbytes: float, size: float, flops_per_ms: float, bytes_per_ms: float,
+           width: float = 1.0) -> float:
+        """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak."""
+        par = self.parallel_eff(width)
+        m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par)
+        if not self.compute or flops <= 0:
+            return self.latency_us / 1e3 + m
+        c = flops / (flops_per_ms * self.compute_eff(size) * par)
+        p = self.sharpness
+        top = max(c, m)
+        return self.latency_us / 1e3 + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+
+
+def _default_allreduce() -> dict[int, OpFit]:
+    return {2: OpFit(latency_us=8.0, compute=[], memory=[0.5] * len(MEMORY_KNOTS))}
 
 
 class Efficiency(Frozen):
-    """The free parameters of the roofline cost model for one GPU type.
+    """The fitted side of a hardware profile: one ``OpFit`` per op family, and the step overheads.
 
-    All are physical: fractions of a peak, or times. ``run_cluster.py calibrate`` fits them on measured
-    step times; profiles of GPUs without measurements inherit the values of a similar calibrated GPU
-    (said in ``fitted_on``).
+    ``run_cluster.py calibrate --write`` fits the op families on the aiconfigurator op tables of vLLM's
+    kernels (CUDA-graph replays). A GPU without tables inherits the values of the closest calibrated
+    part of its architecture family (``HardwareProfile.efficiency_from``), said in ``fitted_on``. The
+    overheads are not in any op table: their defaults come from BLIS's published H100 fit (see the cost
+    model's module docstring).
     """
 
-    compute: Fraction = 0.6
-    """Achieved fraction of peak dense tensor FLOP/s in large GEMMs."""
-    memory: Fraction = 0.8
-    """Achieved fraction of HBM bandwidth when streaming weights and KV."""
-    link: Fraction = 0.7
-    """Achieved fraction of the intra-node link bandwidth in an all-reduce of a step up to ``knee_tokens``."""
-    link_large: Fraction = 0.15
-    """Achieved link fraction for the tokens of a step beyond ``knee_tokens``: large activation tensors
-    overflow on-chip buffers and the all-reduce stops overlapping (seen as a knee in measured prefill)."""
-    knee_tokens: PositiveInt = 2048
-    layer_overhead_us: NonNegativeFloat = 60.0
-    """Fixed cost per layer of one engine step (kernel launches, synchronisation), microseconds; a step
-    pays it once per layer, so a small model pays less than a large one."""
-    seq_layer_overhead_us: NonNegativeFloat = 1.0
-    """Cost per sequence per layer of a step (per-sequence attention work that does not scale with
-    FLOPs or bytes, sampling), microseconds."""
-    allreduce_latency_us: NonNegativeFloat = 10.0
-    """Latency of one all-reduce hop (ring step) on the intra-node link."""
+    gemm: OpFit = OpFit()
+    """16-bit GEMMs (bf16/fp16 operands, fp32 accumulate)."""
+    gemm_fp8: OpFit = OpFit()
+    """fp8 GEMMs with per-token activation quantization (vLLM's cutlass scaled_mm)."""
+    attention_prefill: OpFit = OpFit()
+    attention_decode: OpFit = OpFit()
+    moe: OpFit = OpFit()
+    """vLLM's fused MoE (Triton), 16-bit."""
+    moe_fp8: OpFit = OpFit()
+    allreduce: dict[PositiveInt, OpFit] = Field(default_factory=_default_allreduce)
+    """vLLM's custom all-reduce (or NCCL where the part has no NVLink), by GPU count; a TP degree not
+    measured takes the nearest one measured."""
+    step_overhead_us: NonNegativeFloat = 126.0
+    """GPU-visible time per step outside the kernels (input preparation, sampling), BLIS: 126 us."""
+    request_overhead_us: NonNegativeFloat = 4.42
+    """Per sequence in the step (sampler, detokenizer hand-off), BLIS: 4.42 us."""
+    layer_overhead_us: NonNegativeFloat = 32.1
+    """Per layer of a step that is not one full CUDA graph (piecewise or eager: attention and its metadata
+    run outside the graphs), BLIS: 32.1 us per layer."""
     fitted_on: str = "defaults"
     """Where these values come from."""
 
+    def allreduce_fit(self, gpus: int) -> OpFit:
+        return self.allreduce[min(self.allreduce, key=lambda n: (abs(n - gpus), n))]
+
 
 class HardwareProfile(Frozen):
-    """One GPU type. Spec-sheet figures are dense (no structured sparsity), per GPU."""
+    """One GPU type. Datasheet figures are dense (no structured sparsity), per GPU, with a source each."""
 
     name: Name
-    source: str = Field(min_length=1, description="one-line note: where the spec figures come from")
+    source: str = Field(min_length=1, description="where each datasheet figure comes from")
     peak_tflops: dict[DType, PositiveFloat]
-    """Peak dense tensor TFLOP/s by operand type."""
+    """Peak dense tensor TFLOP/s by operand type, with fp32 accumulate (as vLLM's GEMMs run)."""
     hbm_gb: PositiveFloat
-    """Device memory, GB (1e9 bytes), as the spec sheet states."""
+    """Device memory as the datasheet states it ("GB", which for device memory means GiB: ``hbm_bytes``)."""
     hbm_bandwidth_gbps: PositiveFloat
     """Device memory bandwidth, GB/s."""
     intra_node_link_gbps: PositiveFloat
@@ -57,9 +140,12 @@ class HardwareProfile(Frozen):
     gpus_per_node: PositiveInt = 8
     usd_per_hour: NonNegativeFloat = 0.0
     """Typical on-demand price per GPU-hour, for cost reports."""
+    architecture: str = "unknown"
+    """Architecture family (ampere, ada, hopper, blackwell): where efficiencies may be borrowed from."""
     efficiency: Efficiency = Efficiency()
     efficiency_from: Name | None = None
-    """Take ``efficiency`` from this calibrated profile (a GPU with no measurements of its own)."""
+    """Take ``efficiency`` from this calibrated profile (a GPU without op tables of its own): the closest
+    calibrated part of the same architecture family."""
 
     @model_validator(mode="after")
     def _has_a_16bit_rate(self) -> HardwareProfile:
@@ -77,4 +163,6 @@ class HardwareProfile(Frozen):
 
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gb * 1e9
+        """Device memory in bytes. NVIDIA's "GB" of device memory are GiB: an "80 GB" H100 reports
+        85.9e9 bytes to ``torch.cuda.mem_get_info``, a "24 GB" RTX 4090 25.8e9, which vLLM's KV sizing starts from."""
+        return self.hbm_gb * 2**30

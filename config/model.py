@@ -17,6 +17,11 @@ class MoESpec(Frozen):
     experts_per_token: PositiveInt
     routed_params_b: PositiveFloat
     moe_layers: PositiveInt
+    intermediate_size: PositiveInt | None = None
+    """Hidden width of one expert's MLP (``moe_intermediate_size``); derived from ``routed_params_b`` if
+    absent (``routed / (moe_layers x experts x 3 x hidden)``)."""
+    shared_intermediate_size: int = Field(default=0, ge=0)
+    """Width of the always-active shared expert(s) of a MoE layer (DeepSeek), 0 if none."""
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> MoESpec:
@@ -59,6 +64,11 @@ class ModelProfile(Frozen):
     attention: Literal["gqa", "mla"] = "gqa"
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    intermediate_size: PositiveInt | None = None
+    """Hidden width of a dense layer's MLP; derived from ``params_b`` if absent (see ``mlp_width``)."""
+    mlp_gated: bool = True
+    """SwiGLU (gate and up projections, 3 matrices) or a plain 2-matrix MLP (BLOOM's GELU)."""
+    tied_embeddings: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelProfile:
@@ -110,6 +120,46 @@ class ModelProfile(Frozen):
         touched = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
         per_expert_bytes = m.routed_params_b * 1e9 * dtype_bytes(self.weight_dtype) / m.num_experts
         return touched * per_expert_bytes
+
+    # -- per-layer shapes (the cost model's GEMMs) ----------------------------------------------------
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        if self.mla is not None:  # DeepSeek-V3's q/kv down and up projections, approximated by its parameter share
+            return int(self.hidden_size * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
+                       + self.mla.kv_lora_rank * self.num_heads * 2 * self.head_dim
+                       + self.hidden_size * self.q_width * 2)
+        kv = 2 * self.num_kv_heads * self.head_dim
+        return self.hidden_size * (self.q_width + kv) + self.q_width * self.hidden_size
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - (self.moe.moe_layers if self.moe else 0)
+
+    @property
+    def mlp_width(self) -> int:
+        """A dense layer's MLP width: given, or what the parameter count leaves after attention and embeddings."""
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        if self.dense_layers == 0:
+            return 0
+        embed = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        routed = self.moe.routed_params_b * 1e9 if self.moe else 0.0
+        mlp_params = (self.params_b * 1e9 - embed - routed) / self.num_layers - self.attention_params_per_layer
+        return max(1, int(mlp_params / ((3 if self.mlp_gated else 2) * self.hidden_size)))
+
+    @property
+    def expert_width(self) -> int:
+        """One routed expert's MLP width."""
+        if self.moe is None:
+            return 0
+        if self.moe.intermediate_size is not None:
+            return self.moe.intermediate_size
+        return max(1, int(self.moe.routed_params_b * 1e9 / (self.moe.moe_layers * self.moe.num_experts * 3
+                                                           * self.hidden_size)))
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -1,50 +1,132 @@
-"""The calibrated cost model stays inside the error bounds on the Splitwise measurements."""
+"""Calibration on vLLM's op tables: the presets' fits stay within the bound, the fit itself recovers a known
+roofline, the curves keep time monotone, and the Splitwise report runs (no bound on it)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from actors.calibration import Point, current_errors, fit_hardware, load_points, split_inconsistent
+from actors.calibration import (
+    MAX_COMPUTE_STEP,
+    MAX_MEMORY_STEP,
+    OP_TABLE_GPUS,
+    OpFitResult,
+    OpSamples,
+    current_op_errors,
+    fit_op,
+    load_op_tables,
+    load_points,
+    op_error,
+    splitwise_report,
+    write_presets,
+)
 from config import default_catalog
+from config.catalog import PRESETS_DIR, Catalog
+from config.hardware import COMPUTE_KNOTS, MEMORY_KNOTS, OpFit
 from tests.conftest import shared_path
 
-MEDIAN, P90 = 0.12, 0.30
+BOUND = 0.10
+CAT = default_catalog()
 
 
 @pytest.fixture(scope="module")
-def groups():
-    return load_points(shared_path("calibration", "splitwise_dgx", "perf_model.csv"))
+def op_data() -> Path:
+    return shared_path("calibration", "aiconfigurator_vllm", "data")
 
 
-def test_every_group_is_measured(groups) -> None:
-    keys = {(g.model, g.hardware, g.tp) for g in groups}
-    assert len(keys) == 12
-    assert all(len(g.points) >= 30 for g in groups)
+def test_every_calibrated_gpu_has_its_tables_and_a_fit_from_them(op_data: Path) -> None:
+    for name, folder in OP_TABLE_GPUS.items():
+        assert (op_data / folder).is_dir()
+        eff = CAT.hardware.get(name).efficiency
+        assert eff.fitted_on.startswith("aiconfigurator_vllm op tables"), (name, eff.fitted_on)
 
 
-def test_preset_efficiencies_keep_every_group_within_bounds(groups) -> None:
-    errors = current_errors(default_catalog(), groups)
-    bad = [e for e in errors if not e.within(MEDIAN, P90)]
+def test_h100_preset_fits_keep_the_median_op_error_within_bound(op_data: Path) -> None:
+    errors = {e.family: e for e in current_op_errors(CAT, "h100-80g-sxm", op_data)}
+    assert {"gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe", "allreduce_2"} <= set(errors)
+    for fam in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce_2", "allreduce_4",
+                "allreduce_8"):
+        assert errors[fam].median <= BOUND, (fam, errors[fam].median)
+
+
+@pytest.mark.parametrize("hardware", ["l40s-48g", "a100-80g-sxm"])
+def test_other_preset_fits_stay_near_their_tables(op_data: Path, hardware: str) -> None:
+    # Not every (GPU, family) meets the 10% bound (README: the calibrate table); none drifts past 25%.
+    bad = [(e.family, round(e.median, 3)) for e in current_op_errors(CAT, hardware, op_data)
+           if e.median > 0.25 and not e.excluded]
     assert not bad, bad
 
 
-def test_fitted_values_stay_physical() -> None:
-    cat = default_catalog()
-    for name in ("a100-80g-sxm", "h100-80g-sxm", "h100-80g-sxm-pcap"):
-        eff = cat.hardware.get(name).efficiency
-        assert eff.fitted_on.startswith("splitwise_dgx")
-        for frac in (eff.compute, eff.memory, eff.link, eff.link_large):
-            assert 0 < frac <= 1
-        assert eff.layer_overhead_us >= 0 and eff.seq_layer_overhead_us >= 0
+def _synthetic(eff_c: float, eff_m: float, latency_us: float) -> OpSamples:
+    """A plain roofline with constant efficiencies, sampled like a GEMM table."""
+    rng = np.random.default_rng(1)
+    m = 2.0 ** rng.integers(0, 15, 3000)
+    n = 2.0 ** rng.integers(8, 15, 3000)
+    k = 2.0 ** rng.integers(8, 15, 3000)
+    flops, nbytes = 2 * m * n * k, 2 * (n * k + m * k + m * n)
+    peak_f, peak_b = 1e9, 3e6  # per ms
+    t = latency_us / 1e3 + np.maximum(flops / (peak_f * eff_c), nbytes / (peak_b * eff_m))
+    return OpSamples("gemm", "synthetic", flops, nbytes, m, t, peak_f, peak_b)
 
 
-def test_refitting_one_hardware_reproduces_the_bounds(groups) -> None:
-    fit = fit_hardware(default_catalog(), "h100-80g-sxm", groups)
-    assert all(e.within(MEDIAN, P90) for e in fit.errors), fit.errors
+def test_fit_recovers_a_known_roofline() -> None:
+    s = _synthetic(0.7, 0.8, 5.0)
+    fit = fit_op(s)
+    assert op_error("x", fit, s).median < 0.02
+    assert fit.compute_eff(2.0 ** 14) == pytest.approx(0.7, rel=0.05)
+    assert fit.memory_eff(2.0 ** 28) == pytest.approx(0.8, rel=0.05)
 
 
-def test_inconsistent_rows_are_set_aside() -> None:
-    pts = [Point("prefill", 512, 1, 0, 50.0), Point("prefill", 512, 32, 0, 2400.0), Point("prefill", 512, 64, 0, 361.0)]
-    keep, drop = split_inconsistent(pts)
-    assert drop == [pts[2]]
-    assert keep == pts[:2]
+def test_fitted_curves_grow_no_faster_than_time_allows() -> None:
+    for name in OP_TABLE_GPUS:
+        eff = CAT.hardware.get(name).efficiency
+        for fam in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe", "moe_fp8"):
+            fit: OpFit = getattr(eff, fam)
+            c, m = np.array(fit.compute), np.array(fit.memory)
+            assert len(c) == len(COMPUTE_KNOTS) and len(m) == len(MEMORY_KNOTS)
+            assert np.all(c[1:] / c[:-1] <= np.exp(MAX_COMPUTE_STEP) * 1.001), (name, fam)
+            assert np.all(m[1:] / m[:-1] <= np.exp(MAX_MEMORY_STEP) * 1.001), (name, fam)
+
+
+def test_gpus_without_tables_borrow_from_their_architecture_family() -> None:
+    for name, src in (("rtx-4090", "l40s-48g"), ("rtx-pro-6000-blackwell", "b200-180g-sxm"),
+                      ("rtx-pro-6000-blackwell-workstation", "b200-180g-sxm")):
+        hw = CAT.hardware.get(name)
+        assert hw.efficiency_from == src
+        assert hw.architecture == CAT.hardware.get(src).architecture
+        assert hw.efficiency.gemm == CAT.hardware.get(src).efficiency.gemm
+        assert hw.efficiency.fitted_on.startswith(f"inherited from {src}")
+
+
+def test_rtx_pro_6000_editions_differ_as_their_datasheets() -> None:
+    server = CAT.hardware.get("rtx-pro-6000-blackwell")
+    ws = CAT.hardware.get("rtx-pro-6000-blackwell-workstation")
+    assert (server.hbm_bandwidth_gbps, ws.hbm_bandwidth_gbps) == (1597, 1792)
+    assert ws.tflops("bf16") == 503.8 and server.tflops("bf16") < ws.tflops("bf16")
+
+
+def test_a_missing_table_folder_loads_nothing(tmp_path: Path) -> None:
+    assert load_op_tables(CAT.hardware.get("h100-80g-sxm"), tmp_path) == {}
+
+
+def test_write_presets_round_trips_a_fit(tmp_path: Path) -> None:
+    text = (PRESETS_DIR / "hardware.yaml").read_text()
+    target = tmp_path / "hardware.yaml"
+    target.write_text(text)
+    for other in ("models.yaml", "links.yaml", "profiles.yaml"):
+        (tmp_path / other).write_text((PRESETS_DIR / other).read_text())
+    h100 = CAT.hardware.get("h100-80g-sxm")
+    new = h100.efficiency.model_copy(update={"gemm": OpFit(latency_us=7.0), "fitted_on": "test"})
+    write_presets([OpFitResult("h100-80g-sxm", new, [])], target)
+    back = Catalog.load(tmp_path).hardware.get("h100-80g-sxm").efficiency
+    assert back.gemm.latency_us == 7.0 and back.fitted_on == "test"
+    assert back.attention_decode == h100.efficiency.attention_decode
+
+
+def test_splitwise_report_runs_without_a_bound() -> None:
+    groups = load_points(shared_path("calibration", "splitwise_dgx", "perf_model.csv"))
+    report = splitwise_report(CAT, groups)
+    assert len(report) == 12
+    assert all(np.isfinite(g.prefill_median) and np.isfinite(g.decode_median) for g in report)

@@ -67,10 +67,10 @@ def test_presets_load_and_hold_the_required_profiles() -> None:
 
 def test_uncalibrated_hardware_inherits_a_calibrated_efficiency() -> None:
     cat = default_catalog()
-    h200 = cat.hardware.get("h200-141g-sxm")
-    assert h200.efficiency == cat.hardware.get("h100-80g-sxm").efficiency.model_copy(
-        update={"fitted_on": h200.efficiency.fitted_on})
-    assert h200.efficiency.fitted_on.startswith("inherited from h100-80g-sxm")
+    rtx = cat.hardware.get("rtx-4090")
+    assert rtx.efficiency == cat.hardware.get("l40s-48g").efficiency.model_copy(
+        update={"fitted_on": rtx.efficiency.fitted_on})
+    assert rtx.efficiency.fitted_on.startswith("inherited from l40s-48g")
 
 
 def test_every_cluster_preset_loads() -> None:
@@ -182,9 +182,10 @@ def test_kv_heads_must_divide_heads(tmp_path: Path) -> None:
 
 def test_efficiency_above_one_is_rejected(tmp_path: Path) -> None:
     hw = yaml.safe_load((PRESETS_DIR / "hardware.yaml").read_text())["items"][0]
-    hw = {**hw, "name": "fast", "efficiency": {**hw["efficiency"], "compute": 1.5}}
+    gemm = {**hw["efficiency"]["gemm"], "compute": [1.5] * len(hw["efficiency"]["gemm"]["compute"])}
+    hw = {**hw, "name": "fast", "efficiency": {**hw["efficiency"], "gemm": gemm}}
     d = _catalog_dir(tmp_path, "hardware.yaml", hw)
-    with pytest.raises(ConfigError, match=r"efficiency.compute: Input should be less than or equal to 1"):
+    with pytest.raises(ConfigError, match=r"efficiency.gemm.compute\[0\]: Input should be less than or equal to 1"):
         Catalog.load(d)
 
 
