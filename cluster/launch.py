@@ -176,6 +176,10 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
     from cluster.router.checks import check_router_spec
 
     check_router_spec(spec.router)  # a bad policy or parameter fails here, before anything starts
+    if spec.transport.faults is not None:
+        from transport.faulty import FaultPlan  # the transport owns the fault kinds
+
+        FaultPlan.model_validate(spec.transport.faults)
     say = progress or (lambda msg: None)
     t0 = time.monotonic()
     owns, tmp = _init_ray(address)

@@ -1,9 +1,14 @@
-"""The router package stays layered: no import cycle among its modules, none over about 450 lines."""
+"""The router package stays layered: no import cycle among its modules, none over about 450 lines; config
+imports no router or transport module; a bad router spec is refused before anything starts."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import cluster.router
 
@@ -60,3 +65,22 @@ def test_no_import_cycle_inside_the_router() -> None:
 def test_no_router_module_is_over_450_lines() -> None:
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in modules().values()}
     assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_config_imports_neither_the_router_nor_the_transport() -> None:
+    code = ("import sys, config, config.cluster; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cluster', 'transport', 'actors')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_launch_refuses_a_misspelt_policy_parameter_before_starting_anything() -> None:
+    from cluster.launch import launch
+    from config import ClusterSpec
+
+    spec = ClusterSpec.model_validate({
+        "name": "bad", "nodes": [{"name": "n", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1,
+                                  "engines": [{"name": "e", "model": "llama-3.1-8b"}]}],
+        "router": {"policy": "kv_aware", "policy_params": {"overlap_weigth": 2}}})
+    with pytest.raises(ValueError, match=r"router.policy_params: .*overlap_weigth"):
+        launch(spec)
