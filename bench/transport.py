@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import statistics
@@ -136,39 +137,13 @@ def child_bare_sink() -> None:
         conn.close()
 
 
-async def child_ucx_bare_sink() -> None:
-    import ucxx
-
-    done = asyncio.Event()
-
-    async def handler(ep: Any) -> None:
-        head = np.empty(1, dtype=np.uint64)
-        buf = np.empty(MiB, dtype=np.uint8)
-        ack = np.ones(1, dtype=np.uint8)
-        while True:
-            await ep.recv(head)
-            n = int(head[0])
-            if n == 0:
-                break
-            for _ in range(n):
-                await ep.recv(buf)
-            await ep.send(ack)
-        await ep.close()
-        done.set()
-
-    listener = ucxx.create_listener(handler, port=0)
-    print(f"127.0.0.1:{listener.port}", flush=True)
-    await done.wait()
-    listener.close()
-
-
 class Child:
     """This script run as ``--child KIND`` in another process; it prints its address, serves until stdin closes."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-u", str(HERE), "--child", kind], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+                                     env={**(env or os.environ), "UCX_WARN_UNUSED_ENV_VARS": "n"})
         assert self.proc.stdout is not None
         self.location = self.proc.stdout.readline().strip()
         if not self.location:
@@ -333,64 +308,218 @@ async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
 
 
 # -- ucx ------------------------------------------------------------------------------------------
+UCX_TRANSPORTS = {"sm": "sm,self", "tcp": "tcp,self"}
+"""The transports the ucx figures are measured over, each against ucx_perftest over the same one."""
+UCX_WINDOW = 32
+"""Messages the tuned bare loop keeps in flight (ucx_perftest's tag_bw keeps a window in flight too)."""
+
+
 def ucx_unavailable() -> str | None:
+    from transport.ucx import ucx_available
+
+    reason = ucx_available()
+    return None if reason is None else f"ucxx does not import here ({reason}); install the 'ucx' extra"
+
+
+def ucx_env(tls: str) -> dict[str, str]:
+    """The environment of a UCX process in this bench: UCX's defaults (not ucxx's), the given transports."""
+    from transport.ucx import _UCXX_ENV
+
+    env = {k: v for k, v in os.environ.items() if not (k in _UCXX_ENV and v == _UCXX_ENV[k])}
+    return {**env, "UCX_TLS": tls, "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+def perftest_exe() -> Path | None:
     try:
-        import ucxx  # noqa: F401
-    except Exception as e:  # ImportError, or a library that fails to load
-        return f"ucxx does not import here ({type(e).__name__}: {e}); install the 'ucx' extra"
-    return None
+        import libucx
+    except ImportError:
+        return None
+    exe = Path(libucx.__file__).resolve().parent / "bin" / "ucx_perftest"
+    return exe if exe.exists() else None
+
+
+def ucx_perftest(tls: str, size: int, iters: int) -> dict[str, Any]:
+    """``ucx_perftest -t tag_bw`` between two processes on 127.0.0.1 over ``tls``: GB/s (overall)."""
+    exe = perftest_exe()
+    if exe is None:
+        return {"skipped": "ucx_perftest is not in the libucx wheel here"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    lib = str(exe.parent.parent / "lib")
+    env = {**ucx_env(tls), "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [lib, os.environ.get("LD_LIBRARY_PATH")]))}
+    args = ["-t", "tag_bw", "-s", str(size), "-n", str(iters), "-p", port]
+    server = subprocess.Popen([str(exe), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):  # the server needs a moment to listen
+            time.sleep(0.2)
+            r = subprocess.run([str(exe), "127.0.0.1", *args], env=env, capture_output=True, text=True, timeout=120)
+            final = [ln for ln in r.stdout.splitlines() if ln.startswith("Final:")]
+            if final:
+                cols = final[-1].split()
+                mb_s = float(cols[6])  # overall bandwidth, MB/s with MB = 2**20 bytes
+                return {"gbps": round(mb_s * MiB / 1e9, 3), "tls": tls, "size": size, "iters": iters,
+                        "command": f"ucx_perftest -t tag_bw -s {size} -n {iters} (UCX_TLS={tls})"}
+        return {"skipped": "ucx_perftest's client never connected"}
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def child_ucx_bare_sink() -> None:
+    """The tuned bare loop's receiver: libucxx on an event loop, ``UCX_WINDOW`` receives posted, no framing.
+
+    Serves one sender at a time: a hello (the sender's worker address), then rounds of a count and that
+    many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn.
+    """
+    from transport.ucx import UcxWorker, close_endpoint
+
+    w = UcxWorker()
+    loop = asyncio.get_running_loop()
+    print(w.address.hex(), flush=True)
+    bufs = [np.empty(MiB, dtype=np.uint8) for _ in range(UCX_WINDOW)]
+    head = np.empty(1, dtype=np.uint64)
+
+    async def recv_one(ep: Any, buf: Any, tag: int) -> None:
+        fut: asyncio.Future[None] = loop.create_future()
+        if ep is None:
+            w.recv_any(buf, tag, lambda _e: fut.set_result(None))
+        else:
+            w.recv(ep, buf, tag, lambda _e: fut.set_result(None))
+        await fut
+
+    async def receive_round(ep: Any, count: int) -> None:
+        state = {"left": count, "posted": min(count, UCX_WINDOW)}
+        all_in: asyncio.Future[None] = loop.create_future()
+
+        def one(_e: BaseException | None) -> None:
+            state["left"] -= 1
+            if state["posted"] < count:
+                w.recv(ep, bufs[state["posted"] % UCX_WINDOW], 3, one)
+                state["posted"] += 1
+            if state["left"] == 0:
+                all_in.set_result(None)
+
+        for i in range(state["posted"]):
+            w.recv(ep, bufs[i], 3, one)
+        await all_in
+
+    while True:
+        hello = bytearray(4096)
+        await recv_one(None, hello, 1)
+        n = int.from_bytes(hello[:2], "little")
+        ep = w.endpoint(bytes(hello[2:2 + n]), False)
+        while True:
+            await recv_one(ep, head, 2)
+            count = int(head[0])
+            if count == 0:
+                break
+            await receive_round(ep, count)
+            await w.wait_send(ep, np.ones(1, dtype=np.uint8), 4)
+        close_endpoint(ep)
+
+
+def resolve(fut: asyncio.Future[None], _exc: BaseException | None) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def send_window(w: Any, ep: Any, payload: Any, count: int) -> None:
+    """Send ``payload`` ``count`` times, ``UCX_WINDOW`` sends in flight."""
+    window = asyncio.Semaphore(UCX_WINDOW)
+
+    async def one() -> None:
+        async with window:
+            await w.wait_send(ep, payload, 3)
+
+    await asyncio.gather(*(one() for _ in range(count)))
 
 
 async def ucx_bare_throughput(location: str, total: int, reps: int) -> float:
-    import ucxx
+    """The tuned bare loop's sender: ``UCX_WINDOW`` 1 MiB sends in flight, acknowledged per round."""
+    from transport.ucx import UcxWorker, close_endpoint
 
-    host, port = location.split(":")
-    ep = await ucxx.create_endpoint(host, int(port))
+    w = UcxWorker()
+    ep = w.endpoint(bytes.fromhex(location), False)
+    hello = bytearray(4096)
+    hello[:2] = len(w.address).to_bytes(2, "little")
+    hello[2:2 + len(w.address)] = w.address
+    await w.wait_send(ep, hello, 1)
     payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
     ack = np.empty(1, dtype=np.uint8)
+    count = total // MiB
     best = float("inf")
-    for _ in range(reps + 1):
+    for rep in range(reps + 1):
         t0 = time.perf_counter()
-        await ep.send(np.array([total // MiB], dtype=np.uint64))
-        for _ in range(total // MiB):
-            await ep.send(payload)
-        await ep.recv(ack)
-        best = min(best, time.perf_counter() - t0)
-    await ep.send(np.array([0], dtype=np.uint64))
-    await ep.close()
+        await w.wait_send(ep, np.array([count], dtype=np.uint64), 2)
+        got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        w.recv(ep, ack, 4, functools.partial(resolve, got))
+        await send_window(w, ep, payload, count)
+        await got
+        if rep:
+            best = min(best, time.perf_counter() - t0)
+    await w.wait_send(ep, np.array([0], dtype=np.uint64), 2)
+    await asyncio.sleep(0.05)
+    close_endpoint(ep)
+    await w.close()
     return best
 
 
-async def bench_ucx(total: int, reps: int) -> dict[str, Any]:
+def ucx_address(location_line: str) -> Address:
+    location, *extras = location_line.split("|")
+    extra = tuple((k, bytes.fromhex(v)) for k, v in (e.split("=", 1) for e in extras))
+    return Address("ucx", location, RECEIVER, extra)
+
+
+async def bench_ucx_over(name: str, tls: str, total: int, reps: int, perftest_iters: int) -> dict[str, Any]:
+    """kvmesh's ucx backend, the tuned bare loop and ucx_perftest, all over the transports ``tls``."""
+    from transport.ucx import UcxTransport
+
+    env = ucx_env(tls)
+    saved = {k: os.environ.get(k) for k in env if os.environ.get(k) != env[k]}
+    perf = await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters)
+    os.environ.update(env)  # this process's UCX contexts read the environment when created
+    bare, sink = Child("ucx-bare-sink", env), Child("ucx-sink", env)
+    try:
+        addr = ucx_address(sink.location)
+        bare_s = ours_s = float("inf")
+        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
+        for _ in range(reps):  # alternate, so load from elsewhere on the host hits both alike
+            bare_s = min(bare_s, await ucx_bare_throughput(bare.location, total, 1))
+            ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
+        lat = await push_latency(t, addr, 4096, 200)
+        paths = dict(t.paths)
+        await t.close()
+    finally:
+        bare.close()
+        sink.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    ours, bare_gbps = gbps(total, ours_s), gbps(total, bare_s)
+    best_name, best = max((("ucx_perftest", perf.get("gbps") or 0.0), ("bare_ucxx_loop", bare_gbps)),
+                          key=lambda kv: kv[1])
+    out = {"tls": tls, "bytes": total, "message_bytes": MiB, "ucx_gbps": ours, "ucx_perftest": perf,
+           "bare_ucxx_loop_gbps": bare_gbps, "best_baseline": best_name,
+           "ratio_ucx_vs_perftest": ratio(ours, perf["gbps"]) if "gbps" in perf else None,
+           "ratio_ucx_vs_best": ratio(ours, best), "latency_4KiB_us": pct(lat), "paths": paths}
+    print(f"ucx over {name} ({tls}): ucx_perftest {perf.get('gbps')} GB/s, bare ucxx loop {bare_gbps} GB/s, "
+          f"kvmesh ucx {ours} GB/s (ratio vs perftest {out['ratio_ucx_vs_perftest']})")
+    return out
+
+
+async def bench_ucx(total: int, reps: int, perftest_iters: int) -> dict[str, Any]:
     reason = ucx_unavailable()
     if reason is not None:
         print(f"ucx: skipped: {reason}")
         return {"skipped": reason}
-    from transport.ucx import UcxTransport
-
-    bare, sink = Child("ucx-bare-sink"), Child("ucx-sink")
-    try:
-        location, *extras = sink.location.split("|")
-        extra = tuple((k, bytes.fromhex(v)) for k, v in (e.split("=", 1) for e in extras))
-        addr = Address("ucx", location, RECEIVER, extra)
-        paths = {}
-        bare_s = await ucx_bare_throughput(bare.location, total, reps)
-        for mode in ("listener", "worker_address"):
-            t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host=mode))
-            ours_s = await push_throughput(t, addr, total, reps)
-            ours_lat = await push_latency(t, addr, 4096, 200)
-            await t.close()
-            paths[mode] = {"ucx_gbps": gbps(total, ours_s), "ratio_vs_bare_ucxx": ratio(bare_s, ours_s),
-                           "latency_4KiB_us": pct(ours_lat)}
-    finally:
-        bare.close()
-        sink.close()
-    out = {"bytes": total, "bare_ucxx_gbps": gbps(total, bare_s), "paths": paths,
-           "ratio_ucx_vs_bare": paths["listener"]["ratio_vs_bare_ucxx"],
-           "baseline": "a bare ucxx send/recv loop over the listener path, 1 MiB messages, other process "
-                       "(ucx_perftest is not shipped in the wheel)"}
-    print(f"ucx 64 MiB: bare ucxx {out['bare_ucxx_gbps']} GB/s; ucx backend by listener "
-          f"{paths['listener']['ucx_gbps']} GB/s, by worker address {paths['worker_address']['ucx_gbps']} GB/s")
+    out: dict[str, Any] = {}
+    for name, tls in UCX_TRANSPORTS.items():
+        out[name] = await bench_ucx_over(name, tls, total, reps, perftest_iters)
+    out["baseline"] = ("ucx_perftest -t tag_bw from the libucx wheel (two processes on 127.0.0.1, 1 MiB "
+                       "messages, same UCX_TLS), and a bare libucxx loop keeping 32 messages in flight")
     return out
 
 
@@ -524,33 +653,58 @@ async def bench_faults(n: int, concurrency: int = 64, deadline_ms: float = 100.0
     return out
 
 
-async def run(quick: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"bench": "transport", "quick": quick,
+PARTS = ("inproc", "tcp", "ucx", "link", "faults")
+
+
+async def run(quick: bool, parts: Sequence[str] = PARTS) -> dict[str, Any]:
+    result: dict[str, Any] = {"bench": "transport", "quick": quick, "parts": list(parts),
                               "host": {"cpus": os.cpu_count(), "load_avg_1m_start": round(os.getloadavg()[0], 2)}}
-    result["inproc"] = await bench_inproc(64 * MiB if quick else 512 * MiB)
-    result["tcp"] = await bench_tcp(64 * MiB, 3 if quick else 8, 300 if quick else 3000)
-    result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 8)
-    result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB, 1 if quick else 3)
-    result["faults"] = await bench_faults(2000 if quick else 10_000)
+    if "inproc" in parts:
+        result["inproc"] = await bench_inproc(64 * MiB if quick else 512 * MiB)
+    if "tcp" in parts:
+        result["tcp"] = await bench_tcp(64 * MiB, 3 if quick else 8, 300 if quick else 3000)
+    if "ucx" in parts:
+        result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 6, 2000 if quick else 10_000)
+    if "link" in parts:
+        result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB, 1 if quick else 3)
+    if "faults" in parts:
+        result["faults"] = await bench_faults(2000 if quick else 10_000)
     result["host"]["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews every figure
-    clean = [c for c in result["link_model"] if not c["real_transport_bottleneck"]]
-    result["summary"] = {
-        "inproc_1MiB_ratio_vs_memcpy": result["inproc"]["1024KiB"]["ratio_inproc_vs_memcpy"],
-        "inproc_copy_1MiB_ratio_vs_memcpy": result["inproc"]["1024KiB"]["ratio_inproc_copy_vs_memcpy"],
-        "tcp_ratio_vs_bare": result["tcp"]["ratio_tcp_vs_bare"],
-        "tcp_latency_p50_ratio": result["tcp"]["latency_4KiB_us"]["ratio_p50"],
-        "ucx_ratio_vs_bare": result["ucx"].get("ratio_ucx_vs_bare"),
-        "link_cells_not_bottlenecked": len(clean),
-        "link_cells_not_bottlenecked_within_5pct": sum(c["within_5pct"] for c in clean),
-        "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct_median"]) for c in clean), default=None),
-        "fault_silent_corruptions": result["faults"]["silent_corruptions"],
-    }
+    result["summary"] = summary(result)
     return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Each goal's figure beside its goal (None where the part did not run or was skipped)."""
+    inproc, tcp, ucx = result.get("inproc", {}), result.get("tcp", {}), result.get("ucx", {})
+    links = result.get("link_model", [])
+    clean = [c for c in links if not c["real_transport_bottleneck"]]
+    out: dict[str, Any] = {
+        "inproc_copy_64KiB_ratio_vs_memcpy": inproc.get("64KiB", {}).get("ratio_inproc_copy_vs_memcpy"),
+        "inproc_copy_1MiB_ratio_vs_memcpy": inproc.get("1024KiB", {}).get("ratio_inproc_copy_vs_memcpy"),
+        "inproc_1MiB_ratio_vs_memcpy": inproc.get("1024KiB", {}).get("ratio_inproc_vs_memcpy"),
+        "tcp_ratio_vs_best_bare": tcp.get("ratio_tcp_vs_best_bare"),
+        "tcp_latency_p50_ratio": tcp.get("latency_4KiB_us", {}).get("ratio_p50"),
+        "ucx_sm_ratio_vs_perftest": ucx.get("sm", {}).get("ratio_ucx_vs_perftest"),
+        "ucx_tcp_ratio_vs_perftest": ucx.get("tcp", {}).get("ratio_ucx_vs_perftest"),
+        "goals": {"inproc_copy_vs_memcpy": ">= 0.9", "tcp_vs_best_bare": ">= 0.9", "tcp_latency_p50": "<= 3",
+                  "ucx_vs_perftest": ">= 0.8"},
+    }
+    if links:
+        out.update({
+            "link_cells_not_bottlenecked": len(clean),
+            "link_cells_not_bottlenecked_within_5pct": sum(c["within_5pct"] for c in clean),
+            "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct_median"]) for c in clean), default=None),
+        })
+    if "faults" in result:
+        out["fault_silent_corruptions"] = result["faults"]["silent_corruptions"]
+    return out
 
 
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--child", default=None, help=argparse_suppress())
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     args = p.parse_args()
     if args.child == "bare-sink":
         child_bare_sink()
@@ -559,7 +713,11 @@ def main() -> None:
         children = {"tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink}
         uvloop.run(children[args.child]())
         return
-    result = uvloop.run(run(args.quick))
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        p.error(f"unknown parts {sorted(unknown)} (known: {', '.join(PARTS)})")
+    result = uvloop.run(run(args.quick, parts))
     for k, v in result["summary"].items():
         print(f"{k}: {v}")
     emit(result)

@@ -1,28 +1,48 @@
 """UCX backend (``ucxx``, the optional ``ucx`` extra): the session protocol of :mod:`transport.session`
-over UCX tagged messages, in host memory.
+over UCX tagged messages, in host memory, at close to the speed ``ucx_perftest`` reaches on the host.
 
-Each frame travels as up to three messages in order: its 32-byte header, its metadata, its payload
-(received straight into a pooled buffer whose size the header announced). One writer task per
-connection sends queued frames whole, in order; one reader task receives them and hands them to the
-session. Backpressure: ``drain`` waits while more than ``WRITE_HIGH_WATER`` bytes are queued; the
-reader waits for the pool (it posts no receive until a buffer is free).
+Why it is built this way (each point was measured; see ``bench/transport.py``):
 
-Two ways to connect, chosen per peer:
+- **Its own worker, progressed on the event loop.** ucxx's asyncio layer progresses its worker in a
+  thread and awaits each request by yielding to the loop until it completes: on a small host that
+  busy loop and the progress thread fight over the cores and the GIL (0.3-0.6 GB/s for 1 MiB
+  messages). Each transport here owns a UCX context and worker (libucxx, the layer below ucxx's
+  asyncio API) and :class:`UcxWorker` progresses it on the event loop: it spins (``progress`` then
+  yield) while requests complete, and after ``SPIN_S`` without a completion it arms the worker and
+  sleeps on its event descriptor (woken by UCX, by a new request, or after ``IDLE_POLL_S``). An idle
+  transport costs nothing; a busy one copies at memory speed on the loop's own core.
+- **Endpoints by worker address, without error handling on one host.** UCX's peer-failure mode
+  excludes the shared-memory transports, so an endpoint opened with it runs over TCP loopback even
+  between two processes of one host. A peer on this host (its address carries the same host
+  identity) is reached by its worker address (which travels inside its
+  :class:`~transport.base.Address`, through Ray) with error handling off: UCX then picks shared memory
+  (``cma`` rendezvous for large messages). A peer on another host is reached by worker address with
+  error handling on (TCP or the fabric), or through the listener (``host:port``) when
+  ``TransportOptions.ucx_same_host`` is ``"listener"``.
+- **UCX's defaults, not ucxx's GPU-oriented ones.** Importing ucxx sets ``UCX_MAX_RNDV_RAILS=1``,
+  ``UCX_RNDV_THRESH=8192`` and ``UCX_RNDV_FRAG_MEM_TYPE=cuda`` in the environment; where those are
+  ucxx's values (not the user's) the context is created with UCX's own defaults instead.
+- **Frames as two messages, many in flight.** A frame's header and metadata go as one control
+  message on the connection's control tag, its payload as one message on the data tag, straight from
+  the sender's buffer into a pooled receive buffer. ``send`` posts both at once and returns; a
+  completion callback accounts them. The receiver keeps ``CONTROL_RING`` control receives posted;
+  as each control message is parsed it posts the payload's receive (tag matching keeps payloads in
+  order), so many payloads move at once; frames reach the session in order.
 
-- Same host (the peer's address names this host): connect by the peer's UCX *worker address*, which
-  travels inside its :class:`~transport.base.Address` through Ray, the control plane. UCX then picks
-  its shared-memory transports. The initiator sends a hello (its own worker address and a connection
-  id) on the server's hello tag; both directions then use tags derived from (server, connection).
-- Another host (or ``TransportOptions.ucx_same_host = "listener"``): the server's listener
-  (``host:port``), as with TCP.
+Connecting: the initiator opens an endpoint to the server and sends a hello (a connection id, whether
+it uses error handling, and its own worker address) on the server's hello tag; the server opens an
+endpoint back; both directions then use tags derived from (server, connection, direction).
+
+Backpressure: ``drain`` waits while more than ``WRITE_HIGH_WATER`` bytes are posted and not yet
+sent; the receiver posts no payload receive until the pool lends a buffer.
 
 Failure behaviour: as for every framed backend (typed errors, nothing left staged). UCX errors map to
-``PeerGone`` (or ``ConnectError`` while connecting) in :func:`transport.base.translate`. A worker-address
-connection has no endpoint that fails when the peer dies, so a call to a dead peer ends at its
-deadline with ``TransferTimeout``, and an initiator that closes says goodbye so its server drops the
-connection (one whose initiator died without a word stays until the server closes). A receive
-still posted when a connection dies keeps its buffer out of the pool for good (UCX may still write
-into it), so a late message can never corrupt a recycled buffer.
+``PeerGone`` (or ``ConnectError`` while connecting) in :func:`transport.base.translate`. An endpoint
+without error handling does not fail when its peer dies, so a call to a dead peer on this host ends
+at its deadline with ``TransferTimeout``, and an initiator that closes says goodbye so its server
+drops the connection (one whose initiator died without a word stays until the server closes). A
+payload receive cancelled or failed when a connection dies gives its buffer up for good
+(``Lease.discard``), so a late write can never corrupt a recycled buffer.
 """
 
 from __future__ import annotations
@@ -30,11 +50,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import logging
+import os
 import secrets
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,26 +73,49 @@ from transport.base import (
     translate,
 )
 from transport.checksum import ChecksumChoice, checksum_of, pick
-from transport.frame import HEADER_SIZE, Frame, FrameType, Limits, encode, parse_header
+from transport.frame import HEADER_SIZE, Frame, FrameType, Header, Limits, encode, parse_header
 from transport.pool import BufferPool, Lease
 from transport.session import Client, FramedTransport, Handler
 
 log = logging.getLogger(__name__)
 
-WRITE_HIGH_WATER = 8 << 20
-WRITE_LOW_WATER = 2 << 20
+WRITE_HIGH_WATER = 32 << 20
+WRITE_LOW_WATER = 8 << 20
+CONTROL_RING = 32
+"""Control receives each connection keeps posted (frames whose headers can arrive ahead of their payloads)."""
 HELLO_SIZE = 4096
+SPIN_S = 200e-6
+"""How long the progress loop keeps spinning after the last completion before it sleeps on the worker's fd."""
+IDLE_POLL_S = 0.05
+"""An idle worker is progressed at least this often even without an event (a missed wake-up cannot stall it)."""
 _EMPTY = memoryview(b"")
+_HELLO = struct.Struct("<8sBH")
+
+# What importing ucxx puts in the environment (its GPU-oriented defaults), and UCX's own defaults.
+_UCXX_ENV = {"UCX_MAX_RNDV_RAILS": "1", "UCX_RNDV_THRESH": "8192", "UCX_RNDV_FRAG_MEM_TYPE": "cuda"}
+_UCX_DEFAULTS = {"MAX_RNDV_RAILS": "2", "RNDV_THRESH": "auto", "RNDV_FRAG_MEM_TYPE": "host"}
 
 
 def _ucxx() -> Any:
-    """The ucxx module, imported on first use (it reads UCX settings from the environment when imported)."""
+    """libucxx (ucxx's Cython layer), imported on first use."""
     try:
-        import ucxx
+        import ucxx._lib.libucxx as lib
     except ImportError as e:
         raise RuntimeError("the 'ucx' transport backend needs ucxx: install the 'ucx' extra "
                            "(pip install -e '.[ucx]')") from e
-    return ucxx
+    return lib
+
+
+def _array(buf: Any) -> Any:
+    from ucxx._lib.arr import Array
+
+    return Array(buf)
+
+
+def ucx_config() -> dict[str, str]:
+    """Context options: UCX's defaults where the environment holds only what importing ucxx put there."""
+    return {k: v for (env, ucxx_value), (k, v) in zip(_UCXX_ENV.items(), _UCX_DEFAULTS.items(), strict=True)
+            if os.environ.get(env, ucxx_value) == ucxx_value}
 
 
 def host_identity() -> bytes:
@@ -84,75 +130,205 @@ def _tag(*parts: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(b"|".join(parts), digest_size=8).digest(), "little")
 
 
-class _EndpointIO:
-    """Messages over a connected UCX endpoint (listener path): the endpoint's own tags."""
-
-    def __init__(self, ep: Any) -> None:
-        self.ep = ep
-
-    async def send(self, buf: Any) -> None:
-        await self.ep.send(buf)
-
-    async def recv(self, buf: Any) -> None:
-        await self.ep.recv(buf)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.ep.abort()
+Done = Callable[[BaseException | None], None]
 
 
-class _WorkerIO:
-    """Messages by worker address (same host): send on the peer's endpoint, receive on this worker."""
+def close_endpoint(ep: Any) -> None:
+    """Close ``ep`` (cancelling its receives) unless it already closed: libucxx crashes closing one twice."""
+    with contextlib.suppress(Exception):
+        if ep.alive:
+            ep.close()
 
-    def __init__(self, ep: Any, tag_out: int, tag_in: int) -> None:
-        self.ep = ep
-        self.tag_out = tag_out
-        self.tag_in = tag_in
 
-    async def send(self, buf: Any) -> None:
-        await self.ep.send(buf, tag=self.tag_out, force_tag=True)
+class UcxWorker:
+    """A UCX context and worker progressed on the running event loop (see the module docstring).
 
-    async def recv(self, buf: Any) -> None:
-        await _ucxx().recv(buf, tag=self.tag_in)
+    Requests are posted with a completion callback, called on the loop (never inside UCX) with
+    ``None`` or the request's error. Invariant: every posted request stays referenced (with its buffer)
+    until its callback ran. ``close`` cancels nothing by itself: connections close their endpoints
+    first (which cancels their receives), then the worker stops progressing.
+    """
 
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.ep.abort()
+    def __init__(self) -> None:
+        lib = _ucxx()
+        self.lib = lib
+        self.loop = asyncio.get_running_loop()
+        self.context = lib.UCXContext(ucx_config())
+        self.worker = lib.UCXWorker(self.context, enable_delayed_submission=False, enable_python_future=False)
+        self.worker.init_blocking_progress_mode()
+        self.address: bytes = self.worker.address.tobytes()
+        self._fd: int = self.worker.epoll_file_descriptor
+        self._waiting: list[tuple[Any, Done, Any]] = []
+        self._kick: asyncio.Future[None] | None = None
+        self._closed = False
+        self._task = self.loop.create_task(self._run())
+        self.spins = 0
+        self.sleeps = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiting)
+
+    def _add(self, req: Any, done: Done, keep: Any) -> None:
+        self._waiting.append((req, done, keep))
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
+
+    def send(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
+        arr = _array(buf)
+        self._add(ep.tag_send(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    def recv(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
+        """Receive on ``ep`` (closing ``ep`` cancels it)."""
+        arr = _array(buf)
+        self._add(ep.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    def recv_any(self, buf: Any, tag: int, done: Done) -> None:
+        """Receive from any peer on this worker (hellos)."""
+        arr = _array(buf)
+        self._add(self.worker.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    async def wait_send(self, ep: Any, buf: Any, tag: int) -> None:
+        fut: asyncio.Future[None] = self.loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+
+        self.send(ep, buf, tag, done)
+        await fut
+
+    def endpoint(self, worker_address: bytes, error_handling: bool) -> Any:
+        lib = self.lib
+        return lib.UCXEndpoint.create_from_worker_address(
+            self.worker, lib.UCXAddress.create_from_buffer(worker_address), error_handling)
+
+    def _reap(self) -> bool:
+        done_any = False
+        keep: list[tuple[Any, Done, Any]] = []
+        finished: list[tuple[Done, BaseException | None]] = []
+        for entry in self._waiting:
+            req = entry[0]
+            if req.completed:
+                exc: BaseException | None = None
+                try:
+                    req.check_error()
+                except Exception as e:
+                    exc = e
+                finished.append((entry[1], exc))
+                done_any = True
+            else:
+                keep.append(entry)
+        self._waiting = keep
+        for done, exc in finished:
+            try:
+                done(exc)
+            except Exception:
+                log.exception("UCX completion callback failed")
+        return done_any
+
+    async def _run(self) -> None:
+        worker = self.worker
+        quiet_since = time.perf_counter()
+        while not self._closed:
+            worker.progress()
+            if self._waiting and self._reap():
+                quiet_since = time.perf_counter()
+            elif time.perf_counter() - quiet_since > SPIN_S:
+                await self._sleep()
+                quiet_since = time.perf_counter()
+                continue
+            self.spins += 1
+            await asyncio.sleep(0)
+
+    async def _sleep(self) -> None:
+        """Arm the worker and wait for its fd, a new request, or the idle poll (whichever comes first)."""
+        if not self.worker.arm():
+            return  # events are pending: progress again at once
+        self.sleeps += 1
+        kick = self._kick = self.loop.create_future()
+
+        def readable() -> None:
+            if not kick.done():
+                kick.set_result(None)
+
+        self.loop.add_reader(self._fd, readable)
+        try:
+            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
+        except TimeoutError:
+            pass
+        finally:
+            self.loop.remove_reader(self._fd)
+            self._kick = None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for _ in range(100):  # let cancellations of closed endpoints' receives come back
+            self.worker.progress()
+            self._reap()
+            if not self._waiting:
+                break
+            await asyncio.sleep(0)
+        self._closed = True
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._waiting.clear()
+
+
+class _Slot:
+    """A frame between its control message and its delivery (its payload may still be arriving)."""
+
+    __slots__ = ("done", "header", "lease", "meta")
+
+    def __init__(self, header: Header, meta: dict[str, Any], lease: Lease | None) -> None:
+        self.header = header
+        self.meta = meta
+        self.lease = lease
+        self.done = lease is None
 
 
 class UcxConnection:
     """One UCX connection carrying frames (see the module docstring); implements ``session.Connection``."""
 
-    def __init__(self, io: _EndpointIO | _WorkerIO, pool: BufferPool, limits: Limits,
+    def __init__(self, w: UcxWorker, ep: Any, tags: tuple[int, int, int, int], pool: BufferPool, limits: Limits,
                  make_handler: Callable[[UcxConnection], Handler],
                  on_frame_error: Callable[[FrameError], None] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        self.io = io
+        self.w = w
+        self.ep = ep
+        self.tag_ctrl_out, self.tag_data_out, self.tag_ctrl_in, self.tag_data_in = tags
         self.pool = pool
         self.limits = limits
-        self.lost: asyncio.Future[None] = loop.create_future()
-        self._queue: collections.deque[tuple[bytes, memoryview]] = collections.deque()
+        self.lost: asyncio.Future[None] = w.loop.create_future()
         self._queued = 0
-        self._wake = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
-        self._pool_freed = asyncio.Event()
         self._closed = False
         self._on_frame_error = on_frame_error
         self.bye_on_close = False
-        """Send a goodbye before closing (initiators by worker address: their server sees no error)."""
-        self._closing: asyncio.Task[None] | None = None
+        """Send a goodbye before closing (an endpoint without error handling tells its peer nothing)."""
+        self._ctrl: collections.deque[list[Any]] = collections.deque()
+        self._frames: collections.deque[_Slot] = collections.deque()
+        self._unlisten: Callable[[], None] | None = None
+        self._delivering = False
         self.handler = make_handler(self)
-        self._tasks = {loop.create_task(self._write_loop()), loop.create_task(self._read_loop())}
-        for t in self._tasks:
-            t.add_done_callback(self._task_done)
+        size = HEADER_SIZE + limits.max_meta_bytes
+        for _ in range(CONTROL_RING):
+            self._post_ctrl([bytearray(size), False])
 
     @property
     def alive(self) -> bool:
         return not self._closed
 
+    # -- sending ---------------------------------------------------------------------------------
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None:
+        """Post one frame (control message, then payload message) and return at once."""
         if self._closed:
             raise PeerGone("connection closed")
         if block is not None:
@@ -160,11 +336,19 @@ class UcxConnection:
                                 algo=block.checksum_algo if block.checksum is not None else pick(algo, block.nbytes))
         else:
             head, body = encode(ftype, meta, payload, algo=pick(algo, 0 if payload is None else payload.nbytes))
-        self._queue.append((head, body))
         self._queued += len(head) + body.nbytes
-        self._wake.set()
+        self.w.send(self.ep, head, self.tag_ctrl_out, functools.partial(self._sent, len(head)))
+        if body.nbytes:
+            self.w.send(self.ep, body, self.tag_data_out, functools.partial(self._sent, body.nbytes))
         if self._queued > WRITE_HIGH_WATER:
             self._space.clear()
+
+    def _sent(self, n: int, exc: BaseException | None) -> None:
+        self._queued -= n
+        if exc is not None:
+            self._lose(exc)
+        elif self._queued <= WRITE_LOW_WATER:
+            self._space.set()
 
     async def drain(self) -> None:
         while True:
@@ -174,125 +358,139 @@ class UcxConnection:
                 return
             await self._space.wait()
 
+    # -- receiving -------------------------------------------------------------------------------
+    def _post_ctrl(self, entry: list[Any]) -> None:
+        entry[1] = False
+        self._ctrl.append(entry)
+        self.w.recv(self.ep, entry[0], self.tag_ctrl_in, functools.partial(self._ctrl_done, entry))
+
+    def _ctrl_done(self, entry: list[Any], exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        if exc is not None:
+            self._lose(exc)
+            return
+        entry[1] = True
+        self._pump()
+
+    def _pump(self) -> None:
+        """Parse arrived control messages in order; post each payload's receive into a pooled buffer."""
+        try:
+            while not self._closed and self._ctrl and self._ctrl[0][1] and self._unlisten is None:
+                entry = self._ctrl[0]
+                view = memoryview(entry[0])
+                h = parse_header(view[:HEADER_SIZE], self.limits)
+                meta = h.check_meta(view[HEADER_SIZE:HEADER_SIZE + h.meta_len])
+                lease = None
+                if h.payload_len:
+                    lease = self.pool.acquire(h.payload_len)
+                    if lease is None:  # pool exhausted: wait for a release (backpressure)
+                        self._unlisten = self.pool.on_release(self._pool_released)
+                        return
+                slot = _Slot(h, meta, lease)
+                self._frames.append(slot)
+                if lease is not None:
+                    self.w.recv(self.ep, lease.view, self.tag_data_in, functools.partial(self._data_done, slot))
+                self._ctrl.popleft()
+                self._post_ctrl(entry)
+        except FrameError as e:
+            self._frame_error(e)
+            return
+        self._deliver()
+
+    def _pool_released(self) -> None:
+        self.w.loop.call_soon(self._retry_pool)  # never re-enter the reader from inside a release
+
+    def _retry_pool(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        self._pump()
+
+    def _data_done(self, slot: _Slot, exc: BaseException | None) -> None:
+        if exc is not None or self._closed:
+            if slot.lease is not None:
+                slot.lease.discard()  # cancelled or failed: UCX may have written into it
+                slot.lease = None
+            if exc is not None:
+                self._lose(exc)
+            return
+        slot.done = True
+        self._deliver()
+
+    def _deliver(self) -> None:
+        if self._delivering:
+            return
+        self._delivering = True
+        try:
+            while not self._closed and self._frames and self._frames[0].done:
+                slot = self._frames.popleft()
+                h = slot.header
+                if slot.lease is not None:
+                    view = slot.lease.view
+                    frame = Frame(h.type, slot.meta, view, slot.lease, h.checksum, h.algo,
+                                  checksum_of(h.algo, view) == h.checksum)
+                    slot.lease = None
+                else:
+                    frame = Frame(h.type, slot.meta, _EMPTY, None, 0, h.algo)
+                try:
+                    self.handler.on_frame(frame)
+                except FrameError as e:
+                    frame.release()
+                    self._frame_error(e)
+                    return
+        finally:
+            self._delivering = False
+
+    def _frame_error(self, e: FrameError) -> None:
+        log.warning("closing UCX connection: %s", e)
+        if self._on_frame_error is not None:
+            self._on_frame_error(e)
+        self._lose(e)
+
+    # -- closing ---------------------------------------------------------------------------------
     def abort(self) -> None:
         """Close now (a reset)."""
         self._lose(None)
 
     def close(self) -> None:
-        """Close; an initiator by worker address first says goodbye (its server could not tell)."""
+        """Close; an initiator without error handling first says goodbye (its server could not tell)."""
         if not (self.bye_on_close and not self._closed):
             self._lose(None)
             return
         self.bye_on_close = False
-        with contextlib.suppress(PeerGone):
-            self.send(FrameType.CANCEL, {"t": 0, "bye": True})
-        self._closing = asyncio.get_running_loop().create_task(self._close_after_flush())
-        self._tasks.add(self._closing)
-
-    async def _close_after_flush(self) -> None:
-        for _ in range(50):  # up to about 0.5 s for the goodbye to leave
-            if not self._queue or self._closed:
-                break
-            await asyncio.sleep(0.01)
-        self._lose(None)
-
-    # -- tasks -----------------------------------------------------------------------------------
-    async def _write_loop(self) -> None:
         try:
-            while not self._closed:
-                while not self._queue:
-                    self._wake.clear()
-                    await self._wake.wait()
-                head, body = self._queue[0]
-                await self.io.send(head[:HEADER_SIZE])
-                await self.io.send(head[HEADER_SIZE:])
-                if body.nbytes:
-                    await self.io.send(body)
-                self._queue.popleft()
-                self._queued -= len(head) + body.nbytes
-                if self._queued <= WRITE_LOW_WATER:
-                    self._space.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._lose(e)
-
-    async def _read_loop(self) -> None:
-        header = bytearray(HEADER_SIZE)
-        try:
-            while not self._closed:  # a frame handler may have closed the connection
-                await self.io.recv(header)
-                h = parse_header(memoryview(header), self.limits)
-                meta_b = bytearray(h.meta_len)
-                if h.meta_len:
-                    await self.io.recv(meta_b)
-                meta = h.check_meta(memoryview(meta_b))
-                if h.payload_len:
-                    lease = await self._acquire(h.payload_len)
-                    try:
-                        await self.io.recv(lease.view)
-                    except BaseException:
-                        lease.discard()  # UCX may still write into it: never reuse it
-                        raise
-                    intact = checksum_of(h.algo, lease.view) == h.checksum
-                    frame = Frame(h.type, meta, lease.view, lease, h.checksum, h.algo, intact)
-                else:
-                    frame = Frame(h.type, meta, _EMPTY, None, 0, h.algo)
-                try:
-                    self.handler.on_frame(frame)
-                except FrameError:
-                    frame.release()
-                    raise
-        except asyncio.CancelledError:
-            raise
-        except FrameError as e:
-            log.warning("closing UCX connection: %s", e)
-            if self._on_frame_error is not None:
-                self._on_frame_error(e)
-            self._lose(e)
-        except Exception as e:
-            self._lose(e)
-
-    async def _acquire(self, n: int) -> Lease:
-        lease = self.pool.acquire(n)
-        if lease is not None:
-            return lease
-        loop = asyncio.get_running_loop()
-
-        def freed() -> None:  # called inside Lease.release: only schedule the wake-up
-            loop.call_soon(self._pool_freed.set)
-
-        remove = self.pool.on_release(freed)
-        try:
-            while (lease := self.pool.acquire(n)) is None:
-                self._pool_freed.clear()
-                await self._pool_freed.wait()
-            return lease
-        finally:
-            remove()
+            head, _ = encode(FrameType.CANCEL, {"t": 0, "bye": True})
+            self.w.send(self.ep, head, self.tag_ctrl_out, lambda _exc: self._lose(None))
+        except Exception:
+            self._lose(None)
+            return
+        self.w.loop.call_later(0.5, self._lose, None)  # in case the goodbye never completes
 
     def _lose(self, exc: BaseException | None) -> None:
         if self._closed:
             return
         self._closed = True
-        current = asyncio.current_task()
-        for t in self._tasks:
-            if t is not current:
-                t.cancel()
-        self.io.close()
-        self._queue.clear()
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        close_endpoint(self.ep)  # cancels the receives still posted on it
+        for slot in self._frames:
+            if slot.lease is not None:
+                if slot.done:
+                    slot.lease.release()
+                else:
+                    slot.lease.discard()
+                slot.lease = None
+        self._frames.clear()
+        self._ctrl.clear()
         self._queued = 0
         self._space.set()
         try:
             self.handler.on_lost(translate(exc, "ucx connection") if exc is not None else None)
         finally:
-            self._task_done(None)
-
-    def _task_done(self, _task: asyncio.Task[None] | None) -> None:
-        if self._closed and all(t.done() for t in self._tasks) and not self.lost.done():
-            self.lost.set_result(None)
-        elif not self._closed and _task is not None and _task.done():
-            self._lose(None)  # a loop ended on its own: the connection is over
+            if not self.lost.done():
+                self.lost.set_result(None)
 
 
 class UcxTransport(FramedTransport):
@@ -302,105 +500,112 @@ class UcxTransport(FramedTransport):
 
     def __init__(self, site: Site, clock: ClockLike, options: TransportOptions | None = None) -> None:
         super().__init__(site, clock, options)
-        self.ucxx = _ucxx()
+        _ucxx()  # fail here, with the install hint, when ucxx is missing
+        self._w: UcxWorker | None = None
         self._listener: Any = None
-        self._hello: asyncio.Task[None] | None = None
+        self._accepted_eps: list[Any] = []
         self._uid = secrets.token_bytes(8)
         self._address: Address | None = None
         self._host = host_identity()
+        self._hello_buf = bytearray(HELLO_SIZE)
         self.paths: collections.Counter[str] = collections.Counter()
-        """Connections opened, by path: ``worker_address`` (same host) or ``listener``."""
+        """Connections opened, by path: ``worker_address`` (same host), ``remote`` (another host), ``listener``."""
+
+    def _worker(self) -> UcxWorker:
+        if self._w is None:
+            self._w = UcxWorker()
+        return self._w
 
     async def serve(self) -> Address:
         self._check_open()
         if self._address is not None:
             return self._address
-        ucxx = self.ucxx
-        self._listener = ucxx.create_listener(self._on_endpoint, port=self.options.port or None)
-        self._hello = asyncio.get_running_loop().create_task(self._accept_hellos())
-        worker = ucxx.get_worker_address().tobytes()
+        w = self._worker()
+        self._listener = w.lib.UCXListener.create(w.worker, self.options.port, self._on_conn_request,
+                                                  deliver_endpoint=True)
+        self._post_hello()
         self._address = Address("ucx", f"{self.options.host}:{self._listener.port}", self.site,
-                                extra=(("worker", worker), ("host", self._host), ("uid", self._uid)))
+                                extra=(("worker", w.address), ("host", self._host), ("uid", self._uid)))
         return self._address
 
     # -- accepting -------------------------------------------------------------------------------
-    async def _on_endpoint(self, ep: Any) -> None:
-        if self._closed:
-            with contextlib.suppress(Exception):
-                ep.abort()
-            return
-        conn = UcxConnection(_EndpointIO(ep), self.pool, self.limits, self._accepted, self._count_frame_error)
-        self._track(conn)
-        await asyncio.shield(conn.lost)
+    def _on_conn_request(self, ep: Any) -> None:
+        """A peer connected through the listener (UCX accepted it); its hello follows on the hello tag."""
+        self._accepted_eps.append(ep)
 
-    async def _accept_hellos(self) -> None:
-        ucxx = self.ucxx
-        hello_tag = _tag(b"hello", self._uid)
-        buf = bytearray(HELLO_SIZE)
-        while True:
-            await ucxx.recv(buf, tag=hello_tag)
+    def _post_hello(self) -> None:
+        assert self._w is not None
+        self._w.recv_any(self._hello_buf, _tag(b"hello", self._uid), self._on_hello)
+
+    def _on_hello(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        if exc is None:
             try:
-                conn_id, n = struct.unpack_from("<8sH", buf)
-                if n > HELLO_SIZE - 10:
-                    raise FrameError("malformed UCX hello")
-                peer = ucxx.get_ucx_address_from_buffer(bytes(buf[10:10 + n]))
-                ep = await ucxx.create_endpoint_from_worker_address(peer)
-            except Exception as e:  # a bad hello must not stop the accept loop
+                self._accept(bytes(self._hello_buf))
+            except Exception as e:  # a bad hello must not stop accepting
                 log.warning("ignoring a UCX hello: %s", e)
-                continue
-            io = _WorkerIO(ep, tag_out=_tag(self._uid, conn_id, b"s2c"), tag_in=_tag(self._uid, conn_id, b"c2s"))
-            self._track(UcxConnection(io, self.pool, self.limits, self._accepted, self._count_frame_error))
+        self._post_hello()
+
+    def _accept(self, hello: bytes) -> None:
+        conn_id, flags, n = _HELLO.unpack_from(hello)
+        if n > HELLO_SIZE - _HELLO.size:
+            raise FrameError("malformed UCX hello")
+        w = self._worker()
+        ep = w.endpoint(hello[_HELLO.size:_HELLO.size + n], bool(flags & 1))
+        tags = (_tag(self._uid, conn_id, b"s2c-c"), _tag(self._uid, conn_id, b"s2c-d"),
+                _tag(self._uid, conn_id, b"c2s-c"), _tag(self._uid, conn_id, b"c2s-d"))
+        self._track(UcxConnection(w, ep, tags, self.pool, self.limits, self._accepted, self._count_frame_error))
 
     # -- connecting ------------------------------------------------------------------------------
     def _same_host(self, address: Address) -> bool:
         mode = self.options.ucx_same_host
-        if mode == "listener" or address.get("worker") is None or address.get("uid") is None:
+        if mode == "listener":
             return False
         return mode == "worker_address" or address.get("host") == self._host
 
     async def _open(self, address: Address, client: Client) -> UcxConnection:
-        ucxx = self.ucxx
-        timeout = self.options.connect_timeout_ms / 1000.0
+        w = self._worker()
+        worker, uid = address.get("worker"), address.get("uid")
+        listener = self.options.ucx_same_host == "listener" or worker is None
+        if uid is None:
+            raise ConnectError(f"{address} carries no UCX endpoint id (not a ucx address)")
+        same = not listener and self._same_host(address)
+        conn_id = secrets.token_bytes(8)
         try:
-            async with asyncio.timeout(timeout):
-                if self._same_host(address):
-                    worker, uid = address.get("worker"), address.get("uid")
-                    assert worker is not None and uid is not None
-                    ep = await ucxx.create_endpoint_from_worker_address(ucxx.get_ucx_address_from_buffer(worker))
-                    conn_id = secrets.token_bytes(8)
-                    mine = ucxx.get_worker_address().tobytes()
-                    hello = bytearray(HELLO_SIZE)
-                    struct.pack_into("<8sH", hello, 0, conn_id, len(mine))
-                    hello[10:10 + len(mine)] = mine
-                    io: _EndpointIO | _WorkerIO = _WorkerIO(ep, tag_out=_tag(uid, conn_id, b"c2s"),
-                                                           tag_in=_tag(uid, conn_id, b"s2c"))
-                    await ep.send(hello, tag=_tag(b"hello", uid), force_tag=True)
-                    self.paths["worker_address"] += 1
-                else:
+            async with asyncio.timeout(self.options.connect_timeout_ms / 1000.0):
+                if listener:
                     host, _, port = address.location.rpartition(":")
-                    ep = await ucxx.create_endpoint(host, int(port), connect_timeout=timeout)
-                    io = _EndpointIO(ep)
-                    self.paths["listener"] += 1
+                    ep = w.lib.UCXEndpoint.create(w.worker, host, int(port), True)
+                    path = "listener"
+                else:
+                    assert worker is not None
+                    ep = w.endpoint(worker, error_handling=not same)
+                    path = "worker_address" if same else "remote"
+                hello = bytearray(HELLO_SIZE)
+                _HELLO.pack_into(hello, 0, conn_id, 0 if same else 1, len(w.address))
+                hello[_HELLO.size:_HELLO.size + len(w.address)] = w.address
+                await w.wait_send(ep, hello, _tag(b"hello", uid))
         except TimeoutError as e:
             raise ConnectError(f"connect to {address} timed out") from e
         except Exception as e:
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise ConnectError(f"cannot connect to {address}: {type(e).__name__}: {e}") from e
-        conn = UcxConnection(io, self.pool, self.limits, lambda _c: client, self._count_frame_error)
-        conn.bye_on_close = isinstance(io, _WorkerIO)
+        self.paths[path] += 1
+        tags = (_tag(uid, conn_id, b"c2s-c"), _tag(uid, conn_id, b"c2s-d"),
+                _tag(uid, conn_id, b"s2c-c"), _tag(uid, conn_id, b"s2c-d"))
+        conn = UcxConnection(w, ep, tags, self.pool, self.limits, lambda _c: client, self._count_frame_error)
+        conn.bye_on_close = True
         return conn
 
-    def _stop_serving(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._hello is not None:
-            self._hello.cancel()
-
     async def _serving_stopped(self) -> None:
-        if self._hello is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._hello
+        for ep in self._accepted_eps:
+            close_endpoint(ep)
+        if self._w is not None:
+            await self._w.close()
+        # The worker, listener and endpoints stay referenced by this transport (UCX objects released in
+        # an arbitrary order crash in their destructors) and go together when it is collected.
 
 
 def ucx_available() -> str | None:

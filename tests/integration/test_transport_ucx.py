@@ -123,20 +123,22 @@ async def test_reconnect_after_reset(pair) -> None:
 
 
 async def test_garbage_closes_only_that_endpoint(pair) -> None:
-    import ucxx
+    from transport.ucx import UcxTransport
 
-    a, b, addr, _ = pair
+    a, b, addr, clock = pair
     await a.push(addr, R, blocks(1))
-    host, port = addr.location.split(":")
-    ep = await ucxx.create_endpoint(host, int(port))
-    await ep.send(np.frombuffer(b"GARBAGE!" * 4, dtype=np.uint8))
+    b.discard(R)
+    c = UcxTransport(Site("c", "r"), clock, a.options)
+    await c.push(addr, RequestId("c"), blocks(1))
+    b.discard(RequestId("c"))
+    conn = c._clients[addr.location].conn  # a peer that turns bad on an established connection
+    conn.w.send(conn.ep, b"GARBAGE!" * 4, conn.tag_ctrl_out, lambda _exc: None)
     for _ in range(200):
         if b.frame_errors:
             break
         await asyncio.sleep(0.01)
     assert b.frame_errors == 1
-    with contextlib.suppress(Exception):
-        ep.abort()
+    await c.close()
     await a.push(addr, R, blocks(1))  # still serving the first peer
     b.discard(R)
 
