@@ -7,6 +7,8 @@
   buckets, interpolated inside a bucket as Prometheus' ``histogram_quantile`` does, and its max is the
   upper bound of the highest bucket the run touched (or the gauge ``kvmesh:step_lag_ms_max`` when the
   target exports one).
+- KV transfers: ``kvmesh:kv_transfers`` and ``kvmesh:kv_transfer_real_bottleneck`` (transfers where the
+  real transport was slower than the emulated link); the run's share is the delta of one over the other.
 - Queue depth: the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, polled every
   ``interval_s`` during the run, summed and per series (per worker when the router lists its workers at
   ``GET /workers``, else per label set of the target's own gauges).
@@ -35,6 +37,8 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 STEP_LAG = "kvmesh:step_lag_ms"
 STEP_LAG_MAX = "kvmesh:step_lag_ms_max"
+KV_TRANSFERS = "kvmesh:kv_transfers"
+KV_REAL_BOTTLENECK = "kvmesh:kv_transfer_real_bottleneck"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 IGNORED_SERIES_LABELS = frozenset({"model_name", "le"})
@@ -120,6 +124,19 @@ def prefix_hit_ratio(before: MetricsText | None, after: MetricsText | None) -> f
     if q is None or h is None or q <= 0:
         return None
     return h / q
+
+
+def transfer_bottleneck(before: MetricsText | None, after: MetricsText | None) -> dict[str, float] | None:
+    """KV transfers during the run and how many the real transport (not the emulated link) slowed.
+
+    From kvmesh's counters ``kvmesh:kv_transfers`` (every outcome) and
+    ``kvmesh:kv_transfer_real_bottleneck``; None when the target exports them not or moved no KV.
+    """
+    n = counter_delta(before, after, KV_TRANSFERS)
+    slow = counter_delta(before, after, KV_REAL_BOTTLENECK)
+    if n is None or slow is None or n <= 0:
+        return None
+    return {"transfers": n, "real_bottleneck": slow, "share": slow / n}
 
 
 def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:

@@ -10,8 +10,10 @@ Each sweep point synthesizes prompts with its own seed (``seed + index``) so a l
 its prompts already cached by an earlier one; every point thus starts as cold as the first.
 
 The summary's trust flags: ``step_lag_ms.p99`` above ``step_lag_threshold_ms`` (the emulator could not
-keep its own clock) or the send lag p99 above ``send_lag_threshold_ms`` (the load generator could not keep
-the schedule) set ``trustworthy`` false and add a note; the numbers are still reported.
+keep its own clock), the send lag p99 above ``send_lag_threshold_ms`` (the load generator could not keep
+the schedule), or more than ``transfer_bottleneck_threshold`` of KV transfers slower over the real
+transport than over the emulated link (transfer times overstate the fabric) set ``trustworthy`` false
+and add a note with the figure; the numbers are still reported.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.replay import ReplayConfig, ReplayResult, replay
 from cluster.loadtest.report import new_run_folder, plot_slo_vs_rate, print_summary, print_sweep, write_json, write_run
 from cluster.loadtest.schedule import RETIMERS, jitter_buckets, mean_rate, window
-from cluster.loadtest.scrape import prefix_hit_ratio, step_lag
+from cluster.loadtest.scrape import prefix_hit_ratio, step_lag, transfer_bottleneck
 from cluster.loadtest.spec import RequestSpec, TraceData
 from cluster.loadtest.synthesis import PromptSynthesizer, ideal_block_hit_ratio_of_ids
 from cluster.loadtest.synthetic import DEMO_WORKLOAD
@@ -72,6 +74,8 @@ class LoadTestConfig:
     seed: int = 0
     step_lag_threshold_ms: float = 10.0
     send_lag_threshold_ms: float = 10.0
+    transfer_bottleneck_threshold: float = 0.01
+    """Share of KV transfers the real transport may slow (against the emulated link) before a run is flagged."""
     progress: bool = True
     plots: bool = True
 
@@ -127,6 +131,13 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
         trustworthy = False
         notes.append(f"the load generator fell behind its schedule: send lag p99 {send_lag['p99']:.2f} wall ms "
                      f"> {config.send_lag_threshold_ms} ms")
+    slow = transfer_bottleneck(result.before, result.after)
+    if slow is not None and slow["share"] > config.transfer_bottleneck_threshold:
+        trustworthy = False
+        notes.append(f"the real transport was the bottleneck: {slow['real_bottleneck']:.0f} of {slow['transfers']:.0f} "
+                     f"KV transfers ({100 * slow['share']:.1f}% > {100 * config.transfer_bottleneck_threshold:.1f}%) "
+                     f"took longer over the real transport than over the emulated link; their transfer times "
+                     f"overstate the fabric")
     prompt_tokens = sum(r.prompt_tokens or 0 for r in result.records if r.cached_tokens is not None)
     cached_tokens = sum(r.cached_tokens or 0 for r in result.records if r.cached_tokens is not None)
     if result.scrape_errors:
@@ -143,6 +154,7 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
         "client_cached_token_ratio": cached_tokens / prompt_tokens if prompt_tokens else None,
         "step_lag_ms": lag,
         "send_lag_wall_ms": send_lag,
+        "kv_transfer_real_bottleneck": slow,
         "workers": [w for w, _ in result.workers],
         "trustworthy": trustworthy,
         "notes": notes,

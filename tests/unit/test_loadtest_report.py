@@ -82,6 +82,29 @@ def test_summary_says_when_the_target_exports_nothing_and_flags_lag() -> None:
     assert lagging["trustworthy"] is False and any("emulator lagged" in n for n in lagging["notes"])
 
 
+def transfers_page(transfers: float, slow: float) -> str:
+    return AFTER + "\n".join([
+        "# TYPE kvmesh:kv_transfers counter",
+        f'kvmesh:kv_transfers_total{{engine="e0",op="push",outcome="ok"}} {transfers}',
+        "# TYPE kvmesh:kv_transfer_real_bottleneck counter",
+        f'kvmesh:kv_transfer_real_bottleneck_total{{engine="e0"}} {slow}']) + "\n"
+
+
+def test_summary_flags_a_real_transport_slower_than_the_emulated_link() -> None:
+    tr = trace()
+    before = transfers_page(10, 0)
+    slow = build_summary("t", "http://x", tr, tr.requests, result(before, transfers_page(110, 5)),
+                         LoadTestConfig(), None)
+    assert slow["kv_transfer_real_bottleneck"] == {"transfers": 100, "real_bottleneck": 5, "share": 0.05}
+    assert slow["trustworthy"] is False
+    assert any("real transport was the bottleneck: 5 of 100" in n for n in slow["notes"])
+    fine = build_summary("t", "http://x", tr, tr.requests, result(before, transfers_page(1010, 5)),
+                         LoadTestConfig(), None)  # 0.5% is within the default 1%
+    assert fine["trustworthy"] is True and not any("real transport" in n for n in fine["notes"])
+    assert build_summary("t", "http://x", tr, tr.requests, result(), LoadTestConfig(),
+                         None)["kv_transfer_real_bottleneck"] is None
+
+
 def test_run_folder_holds_summary_records_timeseries_and_plots(tmp_path: Path) -> None:
     tr = trace()
     res = result()
