@@ -142,6 +142,10 @@ class RouterSpec(Frozen):
     index_mode: Literal["events", "approximate"] = "events"
     """``events``: the engines' KV events; ``approximate``: what the router sent where, for ``approx_ttl_s``."""
     approx_ttl_s: PositiveFloat = 120.0
+    inflight_prefixes: bool = True
+    """With ``events``: a request's blocks count as a provisional overlap on the worker it was sent to until
+    the KV events confirm them (or ``inflight_ttl_s`` passes, or the attempt fails)."""
+    inflight_ttl_s: PositiveFloat = 30.0
     migrate: bool = True
     """Continue a stream whose worker died mid-way on another worker."""
     health_timeout_s: PositiveFloat = 2.0

@@ -4,7 +4,8 @@
   request names a residency region, *only* that region's (a hard filter: first try, retries, migration);
 - ``prepare``: when the policy or the region strategy ``needs_prefix``, the prompt's token ids and KV block
   hashes, computed as the engines will (same tokenizer, same hashing), and each candidate's prefix overlap
-  from the prefix index (the engines' KV events) or the approximate index (what the router sent where);
+  from the prefix index (the engines' KV events, plus what the router sent where and the events have not
+  confirmed yet: ``InflightPrefixes``) or the approximate index (what the router sent where);
 - ``rank``: the region strategy orders the pool, the policy choosing within it.
 
 The chooser holds no request state; it is deterministic given its RNG and the view.
@@ -20,7 +21,7 @@ from actors.engine.kv_blocks import hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
 from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
-from cluster.router.prefix_index import ApproximateIndex, PrefixIndex
+from cluster.router.prefix_index import ApproximateIndex, InflightPrefixes, PrefixIndex
 from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
@@ -59,7 +60,8 @@ class Chooser:
         self.spec = spec
         self.view = view
         self.rng = rng
-        self.index = PrefixIndex()
+        self.inflight = InflightPrefixes(spec.inflight_ttl_s * 1000.0) if spec.inflight_prefixes else None
+        self.index = PrefixIndex(inflight=self.inflight)
         self.approx = ApproximateIndex(spec.approx_ttl_s * 1000.0)
         self.strategy = make_region_strategy(spec.region_strategy, topology, prefill_ms)
         self.policy = make_policy(spec.policy, rng, spec.policy_params)
@@ -120,7 +122,7 @@ class Chooser:
     def overlap(self, ctx: RequestContext, workers: list[WorkerInfo]) -> dict[WorkerId, int]:
         names = [w.name for w in workers]
         if self.spec.index_mode == "events":
-            return self.index.overlap(ctx.block_hashes, names)
+            return self.index.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
         return self.approx.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
 
     def prepare(self, policy: RoutingPolicy, ctx: RequestContext, req: RoutedRequest,
@@ -133,10 +135,21 @@ class Chooser:
         return self.strategy.rank(policy, pool, ctx, self.view)
 
     def routed(self, policy: RoutingPolicy, worker: WorkerInfo, ctx: RequestContext) -> None:
-        """The request goes to ``worker``: the policy's state, and the approximate index, learn it."""
+        """The request goes to ``worker``: the policy's state, and the in-flight or approximate index, learn it."""
         policy.on_routed(worker, ctx)
-        if ctx.block_hashes and self.spec.index_mode == "approximate":
+        if not ctx.block_hashes:
+            return
+        if self.spec.index_mode == "approximate":
             self.approx.record(worker.name, ctx.block_hashes, self.view.now() * 1000.0)
+        elif self.inflight is not None:
+            self.inflight.drop(ctx.inflight_ticket)
+            ctx.inflight_ticket = self.inflight.record(worker.name, ctx.block_hashes, self.view.now() * 1000.0)
+
+    def failed(self, ctx: RequestContext) -> None:
+        """The attempt ``routed`` recorded failed before its worker prefilled anything: forget it."""
+        if self.inflight is not None:
+            self.inflight.drop(ctx.inflight_ticket)
+            ctx.inflight_ticket = None
 
     def drop_worker(self, name: WorkerId) -> None:
         self.index.drop_worker(name)

@@ -6,23 +6,117 @@ held back until the ones before it arrive (reordering), and when more than ``max
 on a missing one (loss), the worker is marked for resync: its entries are kept but its state is
 rebuilt from the next snapshot. ``drop_worker`` forgets a worker that left.
 
+``InflightPrefixes`` holds what the router sent where and has not yet seen confirmed by KV events (as
+Dynamo's KV router tracks the blocks of active requests): a request's blocks count as a *provisional*
+overlap on its worker from the moment it is routed, so requests for the same prefix that arrive while the
+first is still queued or prefilling find it, where the events arrive only after the prefill. Reconciled by
+the events (a ``stored`` block or a snapshot replaces the provisional entry by the real one), dropped when
+the attempt fails, when the worker leaves, or ``ttl_ms`` after routing (a request whose events were lost).
+
 ``ApproximateIndex`` serves engines that publish no events: it remembers which blocks the router sent
 where, for ``ttl_ms``.
 
-Both answer ``overlap(hashes, workers)``: per worker, how many *leading* blocks of the request it holds.
+All answer ``overlap(hashes, workers)``: per worker, how many *leading* blocks of the request it holds;
+``PrefixIndex.overlap(..., inflight=...)`` counts a block held either way.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NewType
 
 from cluster.router.view import WorkerId
 
+Ticket = NewType("Ticket", int)
+"""One routed attempt's provisional entries."""
+
+
+class InflightPrefixes:
+    """Provisional (worker, block) entries of routed attempts, until KV events confirm them.
+
+    Invariants: ``_entries[(w, h)]`` is the set of live tickets that sent block ``h`` to ``w`` and is never
+    empty; a ticket is live until it is dropped (failure), expires (``ttl_ms`` after it was recorded, on the
+    clock the caller passes) or its worker leaves. ``confirm`` removes entries (the real index holds them
+    now) but leaves the tickets, which forget them when they go. Nothing here is ever a hard fact: a block
+    the engine evicted before storing it would be a wrong provisional hit for at most ``ttl_ms``.
+    """
+
+    def __init__(self, ttl_ms: float = 30_000.0) -> None:
+        self.ttl_ms = ttl_ms
+        self._entries: dict[tuple[WorkerId, int], set[Ticket]] = {}
+        self._tickets: dict[Ticket, tuple[WorkerId, tuple[int, ...]]] = {}
+        self._expiry: list[tuple[float, Ticket]] = []
+        self._ids = itertools.count(1)
+        self.confirmed = 0
+        self.expired = 0
+
+    def record(self, worker: WorkerId, hashes: Sequence[int], now_ms: float) -> Ticket:
+        self.expire(now_ms)
+        t = Ticket(next(self._ids))
+        self._tickets[t] = (worker, tuple(hashes))
+        heapq.heappush(self._expiry, (now_ms + self.ttl_ms, t))
+        for h in hashes:
+            self._entries.setdefault((worker, h), set()).add(t)
+        return t
+
+    def drop(self, ticket: int | None) -> None:
+        """The attempt failed (or is otherwise void): its entries go."""
+        if ticket is None:
+            return
+        item = self._tickets.pop(Ticket(ticket), None)
+        if item is None:
+            return
+        worker, hashes = item
+        for h in hashes:
+            live = self._entries.get((worker, h))
+            if live is not None:
+                live.discard(ticket)
+                if not live:
+                    del self._entries[(worker, h)]
+
+    def expire(self, now_ms: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now_ms:
+            _, t = heapq.heappop(self._expiry)
+            if t in self._tickets:
+                self.expired += 1
+                self.drop(t)
+
+    def confirm(self, worker: WorkerId, hashes: Iterable[int]) -> None:
+        """KV events say ``worker`` stored these blocks: the real index answers for them from now on."""
+        for h in hashes:
+            if self._entries.pop((worker, h), None) is not None:
+                self.confirmed += 1
+
+    def drop_worker(self, worker: WorkerId) -> None:
+        for t in [t for t, (w, _) in self._tickets.items() if w == worker]:
+            self.drop(t)
+
+    def holds(self, worker: WorkerId, h: int) -> bool:
+        return (worker, h) in self._entries
+
+    def overlap(self, hashes: Sequence[int], workers: Iterable[WorkerId], now_ms: float) -> dict[WorkerId, int]:
+        self.expire(now_ms)
+        out: dict[WorkerId, int] = {}
+        for w in workers:
+            n = 0
+            for h in hashes:
+                if (w, h) not in self._entries:
+                    break
+                n += 1
+            out[w] = n
+        return out
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
 
 class PrefixIndex:
-    def __init__(self, max_pending: int = 64) -> None:
+    def __init__(self, max_pending: int = 64, inflight: InflightPrefixes | None = None) -> None:
         self.max_pending = max_pending
+        self.inflight = inflight
+        """Provisional entries this index reconciles as events arrive (``None``: none kept)."""
         self._holders: dict[int, set[WorkerId]] = {}
         self._blocks: dict[WorkerId, set[int]] = {}
         self._seq: dict[WorkerId, int] = {}
@@ -43,6 +137,8 @@ class PrefixIndex:
         self._seq[worker] = seq
         self._pending[worker] = {}
         self.needs_resync.discard(worker)
+        if self.inflight is not None:
+            self.inflight.confirm(worker, blocks)
 
     def apply(self, worker: WorkerId, seq: int, events: Sequence[list[Any]]) -> bool:
         """Apply batch ``seq``; returns False when the worker needs a resync (a batch was lost)."""
@@ -74,6 +170,8 @@ class PrefixIndex:
                 for h in ev[1]:
                     blocks.add(h)
                     self._holders.setdefault(h, set()).add(worker)
+                if self.inflight is not None:
+                    self.inflight.confirm(worker, ev[1])
             elif kind == "removed":
                 for h in ev[1]:
                     blocks.discard(h)
@@ -99,6 +197,8 @@ class PrefixIndex:
         self._seq.pop(worker, None)
         self._pending.pop(worker, None)
         self.needs_resync.discard(worker)
+        if self.inflight is not None:
+            self.inflight.drop_worker(worker)
 
     # -- queries -----------------------------------------------------------------------------------
     def last_seq(self, worker: WorkerId) -> int | None:
@@ -107,8 +207,12 @@ class PrefixIndex:
     def blocks_of(self, worker: WorkerId) -> int:
         return len(self._blocks.get(worker, ()))
 
-    def overlap(self, hashes: Sequence[int], workers: Iterable[WorkerId]) -> dict[WorkerId, int]:
-        """Leading blocks of ``hashes`` each worker holds (0 for a worker that holds none)."""
+    def overlap(self, hashes: Sequence[int], workers: Iterable[WorkerId],
+                now_ms: float | None = None) -> dict[WorkerId, int]:
+        """Leading blocks of ``hashes`` each worker holds (0 for a worker that holds none); with ``now_ms``
+        and an in-flight tracker, a block counts when the events show it *or* it is provisionally there."""
+        if self.inflight is not None and now_ms is not None and len(self.inflight):
+            return self._overlap_with_inflight(hashes, list(workers), self.inflight, now_ms)
         out = dict.fromkeys(workers, 0)
         alive = set(out)
         for depth, h in enumerate(hashes):
@@ -120,6 +224,20 @@ class PrefixIndex:
                 break
             for w in alive:
                 out[w] = depth + 1
+        return out
+
+    def _overlap_with_inflight(self, hashes: Sequence[int], workers: list[WorkerId], inflight: InflightPrefixes,
+                               now_ms: float) -> dict[WorkerId, int]:
+        inflight.expire(now_ms)
+        out: dict[WorkerId, int] = {}
+        for w in workers:
+            n = 0
+            for h in hashes:
+                holders = self._holders.get(h)
+                if not ((holders is not None and w in holders) or inflight.holds(w, h)):
+                    break
+                n += 1
+            out[w] = n
         return out
 
     def size(self) -> int:

@@ -95,6 +95,7 @@ class ColocatedFlow:
             except _Failed as e:
                 last_error = str(e)
                 self.attempts.failed(worker)
+                self.chooser.failed(p.ctx)
         self.metrics.responses.inc_labels("502")
         return json_error(502, f"every attempt failed; last: {last_error}")
 

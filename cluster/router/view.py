@@ -174,6 +174,8 @@ class RequestContext:
     overlap: dict[WorkerId, int] = field(default_factory=dict)
     text: str = ""
     """The prompt as routing text (what text-based policies such as SGLang's cache_aware match on)."""
+    inflight_ticket: int | None = None
+    """The in-flight prefix entry of the current attempt (``prefix_index.InflightPrefixes``)."""
 
     @property
     def num_blocks(self) -> int:

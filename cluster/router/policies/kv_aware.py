@@ -13,12 +13,17 @@ queued prefill block delays the first token of everything behind it, a decode bl
 per step; at weight 1 on the Mooncake slice of ``bench/router.py`` a worker with long decodes lost to one with
 a long prefill queue and TTFT p50 was worse than round robin's. The cheapest worker wins (``temperature`` 0),
 or one is drawn with probability proportional to ``exp(-cost / (temperature x mean cost))`` to spread ties and
-near-ties. The remaining workers follow by cost, for retries. Without the backlog term the queue a worker
+near-ties; among equal costs the larger overlap wins (a request for a prefix still prefilling on one worker
+costs that worker its wait behind the prefill, as much as a fresh prefill elsewhere, but keeps one copy of the
+prefix instead of two), then the lighter load. The remaining workers follow by cost, for retries.
+Without the backlog term the queue a worker
 already has is invisible (its blocks are not allocated yet), and a popular prefix piles requests onto one
 worker. The router's own count of prompts awaiting their first token is exact and current, where a report is up
 to a beat old and misses a request still on the wire (a beat that lands between the send and the engine's
 receipt clears the pending count without showing the request): with one router the larger of the two is the
-truth, with several the report covers the others' requests.
+truth, with several the report covers the others' requests. The overlap counts what the router sent a worker
+and the KV events have not confirmed yet (``prefix_index.InflightPrefixes``), so a burst for a new prefix does
+not scatter while the first of it is prefilling.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class KVAware(PolicyBase):
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         costs = {w.name: self.cost(w, ctx) for w in candidates}
-        ordered = sorted(candidates, key=lambda w: (costs[w.name], w.load, w.name))
+        ordered = sorted(candidates, key=lambda w: (costs[w.name], -ctx.overlap.get(w.name, 0), w.load, w.name))
         best_overlap = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
         self.reason = "cache_hit" if best_overlap and ctx.overlap.get(ordered[0].name, 0) == best_overlap \
             else "load"
