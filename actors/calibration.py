@@ -246,6 +246,10 @@ class _Layout:
         par = np.exp(np.cumsum(theta[i:i + NP]) - np.sum(theta[i + 1:i + NP])) if self.parallel else np.zeros(0)
         return comp, mem, np.clip(par, 1e-4, 1.0) if self.parallel else par
 
+    def unit_ns(self, theta: np.ndarray) -> float:
+        """The per-width-unit time, the last parameter when the family has a width."""
+        return float(theta[-1]) if self.parallel else 0.0
+
     def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo, hi, x0 = [0.0, 1.0], [500.0, 50.0], [3.0, 4.0]
         if self.compute:
@@ -259,6 +263,7 @@ class _Layout:
             lo += [0.0] + [0.0] * (NP - 1)  # the first value is the normalisation's dummy; factors only grow
             hi += [1e-9] + [MAX_PARALLEL_STEP] * (NP - 1)
             x0 += [0.0] + [0.0] * (NP - 1)
+            lo, hi, x0 = [*lo, 0.0], [*hi, 1e4], [*x0, 0.0]  # unit_ns
         return np.array(lo), np.array(hi), np.clip(np.array(x0), lo, hi)
 
 
@@ -266,13 +271,14 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
     comp, mem, par = lay.split(theta)
     p_eff = np.interp(np.log2(np.maximum(s.width, 1.0)), PARALLEL_KNOTS, par) \
         if lay.parallel and s.width is not None else 1.0
+    fixed = theta[0] / 1e3 + (lay.unit_ns(theta) * s.width / 1e6 if lay.parallel and s.width is not None else 0.0)
     m = s.nbytes / (s.bytes_per_ms * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff)
     if not lay.compute:
-        return theta[0] / 1e3 + m
+        return fixed + m
     c = s.flops / (s.flops_per_ms * np.interp(np.log2(np.maximum(s.size, 1.0)), COMPUTE_KNOTS, comp) * p_eff)
     top = np.maximum(c, m)
     p = theta[1]
-    return theta[0] / 1e3 + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+    return fixed + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
 
 
 def fit_op(s: OpSamples) -> OpFit:
@@ -290,12 +296,12 @@ def fit_op(s: OpSamples) -> OpFit:
                         loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     if lay.parallel:
         lo, hi, _ = lay.bounds()
-        x1 = np.clip(np.concatenate([res.x, np.zeros(NP)]), lo, hi)
+        x1 = np.clip(np.concatenate([res.x, np.zeros(NP + 1)]), lo, hi)
         res = least_squares(lambda th: np.log(_predict(th, sub, lay) / sub.measured_ms), x1, bounds=(lo, hi),
                             loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     comp, mem, par = lay.split(res.x)
     return OpFit(latency_us=_r(res.x[0]), sharpness=_r(res.x[1]), compute=[_r(x) for x in comp],
-                 memory=[_r(x) for x in mem], parallel=[_r(x) for x in par])
+                 memory=[_r(x) for x in mem], parallel=[_r(x) for x in par], unit_ns=_r(lay.unit_ns(res.x)))
 
 
 def _r(x: float) -> float:

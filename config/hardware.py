@@ -31,7 +31,7 @@ ComputeEff = Annotated[float, Field(gt=0, le=1.0)]
 class OpFit(Frozen):
     """One op family's roofline on one GPU, fitted on its measured kernel times.
 
-    ``t = latency + (c^p + m^p)^(1/p)`` with ``c = FLOPs / (peak x compute(size))`` and
+    ``t = latency + unit x width + (c^p + m^p)^(1/p)`` with ``c = FLOPs / (peak x compute(size))`` and
     ``m = bytes / (bandwidth x memory(bytes))``: a roofline whose corner is rounded by ``p`` (``sharpness``;
     large p is the plain max) and whose efficiencies depend on the op's size, piecewise linear in log2 of
     it (``COMPUTE_KNOTS``, ``MEMORY_KNOTS``). Small-m GEMMs reach a small fraction of the tensor peak and
@@ -46,6 +46,9 @@ class OpFit(Frozen):
     memory: list[MemoryEff] = Field(default_factory=lambda: [0.8] * len(MEMORY_KNOTS))
     parallel: list[ComputeEff] = Field(default_factory=list)
     """Factor on both efficiencies by parallel width (``PARALLEL_KNOTS``); empty: 1."""
+    unit_ns: NonNegativeFloat = 0.0
+    """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
+    and KV head whatever its context)."""
 
     @model_validator(mode="after")
     def _knots(self) -> OpFit:
@@ -72,13 +75,14 @@ class OpFit(Frozen):
            width: float = 1.0) -> float:
         """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak."""
         par = self.parallel_eff(width)
+        fixed = self.latency_us / 1e3 + self.unit_ns * width / 1e6
         m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par)
         if not self.compute or flops <= 0:
-            return self.latency_us / 1e3 + m
+            return fixed + m
         c = flops / (flops_per_ms * self.compute_eff(size) * par)
         p = self.sharpness
         top = max(c, m)
-        return self.latency_us / 1e3 + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
+        return fixed + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
 
 
 def _default_allreduce() -> dict[int, OpFit]:

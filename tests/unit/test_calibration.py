@@ -130,3 +130,13 @@ def test_splitwise_report_runs_without_a_bound() -> None:
     report = splitwise_report(CAT, groups)
     assert len(report) == 12
     assert all(np.isfinite(g.prefill_median) and np.isfinite(g.decode_median) for g in report)
+
+
+def test_op_time_grows_with_flops_and_bytes_and_pays_its_unit_cost() -> None:
+    fit = CAT.hardware.get("h100-80g-sxm").efficiency.attention_decode
+    peak_f, peak_b = 989.4e9, 3.35e9
+    base = fit.ms(1e9, 1e8, 64, peak_f, peak_b, 512)
+    assert fit.ms(2e9, 1e8, 64, peak_f, peak_b, 512) >= base
+    assert fit.ms(1e9, 2e8, 64, peak_f, peak_b, 512) >= base
+    assert OpFit(unit_ns=100.0).ms(0.0, 1e6, 1, peak_f, peak_b, 1000) == pytest.approx(
+        OpFit().ms(0.0, 1e6, 1, peak_f, peak_b, 1000) + 0.1)
