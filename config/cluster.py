@@ -42,7 +42,9 @@ class SchedulerSpec(Frozen):
     num_gpu_blocks: PositiveInt | None = None
     """Explicit KV block count; otherwise derived from HBM left after weights."""
     activation_reserve_gb: NonNegativeFloat = 1.5
-    """Memory kept for activations and CUDA graphs, per GPU, not available to the KV cache."""
+    """Memory the spec's load-time check keeps for activations and CUDA graphs, per GPU (a model that
+    does not fit is refused). The engine's KV capacity itself is computed as vLLM does
+    (``actors.engine.factory.kv_blocks_for``), unless ``num_gpu_blocks`` pins it."""
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = Field(default=0, ge=0)
