@@ -24,7 +24,7 @@ def names(ws: list[WorkerInfo]) -> list[str]:
 
 
 def ctx(**kw: object) -> RequestContext:
-    return RequestContext(body={}, **kw)  # type: ignore[arg-type]
+    return RequestContext(**{"body": {}, **kw})  # type: ignore[arg-type]
 
 
 def test_registry_holds_every_policy() -> None:
@@ -56,8 +56,8 @@ def test_router_spec_problems_name_the_field() -> None:
 
 
 def test_policies_and_strategies_say_whether_they_need_the_prefix() -> None:
-    assert {n for n in POLICIES if make_policy(n).needs_prefix} == {"kv_aware", "prefix_hash",
-                                                                    "sglang_cache_aware"}
+    # sglang_cache_aware reads the request's text itself, as sgl-router does: no tokenizing.
+    assert {n for n in POLICIES if make_policy(n).needs_prefix} == {"kv_aware", "prefix_hash"}
     topo = Topology()
     assert {n for n, f in REGION_STRATEGIES.items() if f(topo, lambda w, a, b: 0.0).needs_prefix} == {"GLOBAL"}
 
@@ -153,33 +153,84 @@ def test_kv_aware_counts_prompts_awaiting_their_first_token_when_the_report_miss
 
 def test_sglang_cache_aware_prefers_its_tree_then_balances() -> None:
     ws = workers(2)
+    for w in ws:
+        w.model = "m"
     p = make_policy("sglang_cache_aware", params={"balance_abs_threshold": 2, "balance_rel_threshold": 1.5})
     view = ClusterView(ws)
-    c1 = ctx(prompt_ids=list(range(100)))
+    c1 = ctx(body={"prompt": "a" * 100})
     first = p.rank(ws, c1, view)[0]
+    assert first.name == "w0" and p.reason == "smallest_tree"  # both trees empty: the lowest name
     p.on_routed(first, c1)
-    c2 = ctx(prompt_ids=list(range(90)) + [7] * 10)
+    c2 = ctx(body={"prompt": "a" * 90 + "b" * 10})
     assert p.rank(ws, c2, view)[0] is first and p.reason == "cache_hit"
-    c3 = ctx(prompt_ids=[5] * 100)
+    c3 = ctx(body={"prompt": "a" * 20 + "c" * 80})  # 20% matched: not above 0.3
     other = p.rank(ws, c3, view)[0]
     assert other is not first and p.reason == "smallest_tree"
     first.inflight = 10  # imbalanced: 10 - 0 > 2 and 10 > 1.5 x 0
     assert p.rank(ws, c2, view)[0] is not first and p.reason == "imbalanced"
 
 
-def test_approx_tree_split_match_and_eviction() -> None:
+def test_sglang_cache_aware_defaults_are_sgl_router_0_3_2s() -> None:
+    from cluster.router.policies import check_policy
+
+    assert check_policy("sglang_cache_aware").model_dump() == {
+        "cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5,
+        "max_tree_size": 2**26, "eviction_interval_s": 60.0}
+
+
+def test_routing_text_is_what_sgl_router_extracts() -> None:
+    from cluster.router.policies.sglang_cache_aware import routing_text
+
+    assert routing_text(ctx(body={"prompt": "hi there"})) == "hi there"
+    assert routing_text(ctx(body={"prompt": ["a b", "c"]})) == "a b c"
+    assert routing_text(ctx(body={"prompt": [1, 22, 3]})) == "1 22 3"
+    chat = {"messages": [{"role": "system", "content": "sys"},
+                         {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]}
+    assert routing_text(ctx(body=chat)) == "sys x y"
+
+
+def test_approx_tree_split_match_counts_and_eviction_as_tree_rs() -> None:
     t = ApproxTree()
-    t.insert("hello world", "a")
-    t.insert("hello there", "b")
-    assert t.prefix_match("hello world!") == (11, "a")
-    assert t.prefix_match("hello th") == (8, "b")
-    assert t.prefix_match("help") == (3, "b")  # shared node; most recent tenant
-    assert t.sizes == {"a": 11, "b": 11}
-    t.insert("zzzz", "a")
-    t.evict(max_size=6)
-    assert t.sizes["a"] <= 6 and t.prefix_match("zzzz") == (4, "a")
+    t.insert("hello world", "a", 1.0)
+    t.insert("hello there", "b", 2.0)
+    assert t.prefix_match("hello world!", 3.0) == (11, "a")
+    assert t.prefix_match("hello th", 4.0) == (8, "b")  # stops inside "there": b's node
+    assert t.prefix_match("help", 5.0) == (3, "b")  # shared node "hello ": its most recently used tenant
+    assert t.sizes == t.used_sizes() == {"a": 11, "b": 11}
+    assert t.smallest_tenant() == "a"  # a tie: the lowest name
+    t.insert("zzzz", "a", 6.0)
+    assert t.sizes == t.used_sizes() and t.smallest_tenant() == "b"
+    t.evict(max_size=6)  # a's least recently used leaf ("world", then "hello ") goes first
+    assert t.sizes == t.used_sizes() and t.sizes["a"] <= 6 and t.prefix_match("zzzz", 7.0) == (4, "a")
+    assert t.sizes["a"] == 4 and t.sizes["b"] == 6  # b was above 6 too: its leaf "there" went; "hello " stays
     t.remove_tenant("b")
-    assert "b" not in t.sizes and t.prefix_match("hello th")[1] != "b"
+    assert "b" not in t.sizes and t.prefix_match("hello th", 8.0)[1] != "b"
+
+
+def test_approx_tree_sizes_stay_exact_under_random_inserts_and_evictions() -> None:
+    rng = random.Random(3)
+    t = ApproxTree()
+    for k in range(300):
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 12)))
+        t.insert(text, f"t{rng.randint(0, 3)}", float(k))
+        if k % 50 == 49:
+            t.evict(max_size=20)
+            assert all(v <= 20 for v in t.sizes.values())
+        assert t.sizes == {**dict.fromkeys(t.sizes, 0), **t.used_sizes()}
+
+
+def test_sglang_cache_aware_evicts_on_the_clock() -> None:
+    ws = workers(2)
+    now = [0.0]
+    view = ClusterView(ws, now=lambda: now[0])
+    p = make_policy("sglang_cache_aware", params={"max_tree_size": 5, "eviction_interval_s": 60.0})
+    for k in range(4):
+        c = ctx(body={"prompt": f"{k}" * 10})
+        p.on_routed(p.rank(ws, c, view)[0], c)
+    assert max(p.tree.sizes.values()) > 5  # type: ignore[attr-defined]
+    now[0] = 61.0
+    p.rank(ws, ctx(body={"prompt": "x"}), view)
+    assert max(p.tree.sizes.values()) <= 5  # type: ignore[attr-defined]
 
 
 def test_global_rank_trades_prefill_for_distance() -> None:
