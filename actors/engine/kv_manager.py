@@ -75,10 +75,13 @@ class KVCacheManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int, prefix: PrefixHit | None = None) -> bool:
         """Reserve blocks for ``num_new_tokens`` more tokens (after any prefix hit). All or nothing."""
-        if not self.can_allocate(seq, num_new_tokens, prefix):
+        need = self.blocks_needed(seq, num_new_tokens, prefix)
+        if need == 0 and not (prefix and prefix.blocks):
+            return True  # a decode inside its last block: the common case, kept cheap
+        revived = sum(1 for b in prefix.blocks if b.ref_cnt == 0) if prefix else 0
+        if need > self.pool.num_free - revived:
             return False
         held = self.req_blocks.setdefault(seq.request_id, [])
-        need = self.blocks_needed(seq, num_new_tokens, prefix)
         if prefix and prefix.blocks:
             self.pool.touch(prefix.blocks)
             held.extend(prefix.blocks)
