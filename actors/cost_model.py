@@ -14,7 +14,7 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
   ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``): every decode's context KV read.
 - Fused MoE (``moe``/``moe_fp8``): top-k token-expert pairs, the expected distinct experts' weights read;
   with expert parallelism (EP) each rank holds ``experts / ep`` and sees the tokens of every DP rank,
-  and a dispatch and a combine all-to-all cross the node link.
+  gathered before and reduce-scattered after the experts across the node link.
 - All-reduce: 2 per layer when TP > 1, vLLM's custom all-reduce as measured (``allreduce``).
 - CUDA graphs (vLLM ``compilation_config``, ``vllm/config/vllm.py: _set_cudagraph_sizes``; the
   ``FULL_AND_PIECEWISE`` default of ``docs/design/cuda_graphs.md``): capture sizes
@@ -230,14 +230,16 @@ class RooflineCostModel:
         return 2 * self.model.num_layers * one
 
     def alltoall_ms(self, tokens: int) -> float:
-        """EP dispatch and combine per MoE layer: each token's top-k rows, ``(ep-1)/ep`` of them remote,
-        at the link efficiency measured for an all-reduce of the same size over ``ep`` GPUs."""
+        """EP dispatch and combine per MoE layer with vLLM's default all2all backend
+        (``allgather_reducescatter``, ``vllm/distributed/device_communicators/all2all.py``): each rank
+        gathers the other DP ranks' hidden states before the experts and reduce-scatters the outputs after,
+        ``(dp - 1) x tokens`` rows each way, at the link efficiency measured for a collective of that size
+        over ``ep`` GPUs."""
         if self.dp == 1 or self.model.moe is None or tokens == 0:
             return 0.0
-        moe = self.model.moe
-        nbytes = tokens * moe.experts_per_token * self.model.hidden_size * ACTIVATION_BYTES * (self.ep - 1) / self.ep
+        nbytes = (self.dp - 1) * tokens * self.model.hidden_size * ACTIVATION_BYTES
         one = self.eff.allreduce_fit(self.ep).ms(0.0, nbytes, 0.0, 1.0, self._link)
-        return 2 * moe.moe_layers * one
+        return 2 * self.model.moe.moe_layers * one
 
     def attention_ms(self, shape: StepShape) -> float:
         """One layer's attention: the prefill chunks' causal pairs, the decodes' KV reads."""

@@ -107,6 +107,15 @@ def _inherit_efficiency(reg: Registry[HardwareProfile], path: Path) -> Registry[
                              f"efficiencies from a calibrated part of the same architecture family"))
             continue
         eff = src.efficiency.model_copy(update={"fitted_on": f"inherited from {src_name} ({src.efficiency.fitted_on})"})
+        if hw.allreduce_from is not None:
+            link_src = reg.items.get(hw.allreduce_from)
+            if (link_src is None or link_src.efficiency_from is not None
+                    or link_src.intra_node_link != hw.intra_node_link):
+                problems.append((f"items[{i}].allreduce_from",
+                                 f"{hw.allreduce_from!r} is not a calibrated part with a {hw.intra_node_link} link"))
+                continue
+            eff = eff.model_copy(update={"allreduce": link_src.efficiency.allreduce,
+                                         "fitted_on": f"{eff.fitted_on}; all-reduce from {hw.allreduce_from}"})
         items[name] = hw.model_copy(update={"efficiency": eff})
     if problems:
         raise ConfigError(str(path), problems)

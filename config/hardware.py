@@ -150,6 +150,9 @@ class HardwareProfile(Frozen):
     efficiency_from: Name | None = None
     """Take ``efficiency`` from this calibrated profile (a GPU without op tables of its own): the closest
     calibrated part of the same architecture family."""
+    allreduce_from: Name | None = None
+    """Take the collective fits (``efficiency.allreduce``) from this calibrated profile instead: one with
+    the same GPU-to-GPU link (a PCIe part's all-reduce is not an NVLink part's)."""
 
     @model_validator(mode="after")
     def _has_a_16bit_rate(self) -> HardwareProfile:

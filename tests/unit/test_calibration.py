@@ -98,6 +98,8 @@ def test_gpus_without_tables_borrow_from_their_architecture_family() -> None:
         assert hw.architecture == CAT.hardware.get(src).architecture
         assert hw.efficiency.gemm == CAT.hardware.get(src).efficiency.gemm
         assert hw.efficiency.fitted_on.startswith(f"inherited from {src}")
+        # Collectives come from a calibrated part with the same link: PCIe (L40S), not B200's NVLink.
+        assert hw.efficiency.allreduce == CAT.hardware.get("l40s-48g").efficiency.allreduce
 
 
 def test_rtx_pro_6000_editions_differ_as_their_datasheets() -> None:
