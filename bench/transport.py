@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import os
 import socket
 import statistics
@@ -60,6 +61,8 @@ from transport.inproc import InprocHub, InprocTransport
 from transport.tcp import TcpTransport
 
 MiB = 1 << 20
+SCENARIO_TIME_SCALE = 5.0
+"""The disaggregation scenario's default time scale (wall seconds per emulated second)."""
 BLOCKS_PER_TRANSFER = 16
 """Link-model transfers: 16 KV blocks of 4 MiB emulated (16 tokens of a 70B-class model), 64 MiB each."""
 SENDER, RECEIVER = Site("bench-a", "local"), Site("bench-b", "local")
@@ -580,11 +583,18 @@ async def bench_ucx(total: int, reps: int, perftest_iters: int) -> dict[str, Any
 
 
 # -- link model -----------------------------------------------------------------------------------
-async def link_trial(sink: Child, link: Any, scale: float, n: int, payload: Any, block: int) -> dict[str, Any]:
-    clock = Clock(1.0)
-    inner = TcpTransport(SENDER, clock)
+async def link_trial(sink: Child, link: Any, scale: float, n: int, payload: Any, block: int,
+                     backend: str = "tcp", time_scale: float = 1.0) -> dict[str, Any]:
+    clock = Clock(time_scale)
+    if backend == "ucx":
+        from transport.ucx import UcxTransport
+
+        inner: Any = UcxTransport(SENDER, clock, TransportOptions(ucx_same_host="worker_address"))
+        addr = ucx_address(sink.location)
+    else:
+        inner = TcpTransport(SENDER, clock)
+        addr = Address("tcp", sink.location, RECEIVER)
     t = ShapedTransport(inner, LinkModel(Topology.flat(link), clock, payload_scale=scale))
-    addr = Address("tcp", sink.location, RECEIVER)
     blocks = [Block.of(i, payload[i * block:(i + 1) * block], (0, 80)) for i in range(BLOCKS_PER_TRANSFER)]
     for _ in range(8):  # connect, and let the commit lead settle on this peer, outside the measurement
         await t.push(addr, RequestId("warm"), blocks)
@@ -596,7 +606,41 @@ async def link_trial(sink: Child, link: Any, scale: float, n: int, payload: Any,
     analytic = n * each / (link.bandwidth_gbps * 1e6) + link.latency_us / 1000
     return {"makespan_ms": makespan, "analytic_ms": analytic, "error_pct": 100 * (makespan / analytic - 1),
             "bottleneck": any(r.real_bottleneck for r in recs), "wall_ms_max": max(r.wall_ms for r in recs),
+            "flagged": sum(r.real_bottleneck for r in recs), "transfers": len(recs),
             "emulated_mib_each": each / MiB}
+
+
+async def bench_ucx_rdma(counts: Sequence[int], emulated_bytes: int, trials: int) -> list[dict[str, Any]]:
+    """The lessons card's 100 GB/s RDMA link over the ucx backend (shared memory here), at the
+    disaggregation scenario's default payload scale (1/1024) and at full size, on a real-time clock and
+    on the scenario's clock (time scale 5): transfers flagged "real transport was the bottleneck" (the
+    scenario itself runs over tcp only)."""
+    if ucx_unavailable() is not None:
+        return []
+    link = default_catalog().links.get("lesson-rdma")
+    sink = Child("ucx-sink")
+    cells = []
+    try:
+        for time_scale, scale in itertools.product((1.0, SCENARIO_TIME_SCALE), (1 / 1024, 1.0)):
+            block = max(int(emulated_bytes * scale) // BLOCKS_PER_TRANSFER, 1)
+            payload = np.random.default_rng(2).integers(0, 256, block * BLOCKS_PER_TRANSFER, dtype=np.uint8)
+            for n in counts:
+                runs = [await link_trial(sink, link, scale, n, payload, block, "ucx", time_scale)
+                        for _ in range(trials)]
+                cell = {"backend": "ucx", "link": "lesson-rdma", "gbps": link.bandwidth_gbps,
+                        "time_scale": time_scale, "payload_scale": round(scale, 6), "concurrent": n,
+                        "transfers": sum(r["transfers"] for r in runs),
+                        "flagged_real_bottleneck": sum(r["flagged"] for r in runs),
+                        "error_pct_median": round(statistics.median(r["error_pct"] for r in runs), 2),
+                        "real_wall_ms_max": round(max(r["wall_ms_max"] for r in runs), 3)}
+                cells.append(cell)
+                print(f"ucx over lesson-rdma {link.bandwidth_gbps} GB/s time scale {time_scale} payload scale "
+                      f"{scale:.6f} n={n}: "
+                      f"{cell['flagged_real_bottleneck']}/{cell['transfers']} transfers flagged real-transport "
+                      f"bottleneck, median error {cell['error_pct_median']:+.2f}%")
+    finally:
+        sink.close()
+    return cells
 
 
 async def bench_link(counts: Sequence[int], emulated_bytes: int, trials: int) -> list[dict[str, Any]]:
@@ -723,6 +767,7 @@ async def run(quick: bool, parts: Sequence[str] = PARTS) -> dict[str, Any]:
         result["ucx"] = await bench_ucx(64 * MiB, 3 if quick else 6, 2000 if quick else 10_000)
     if "link" in parts:
         result["link_model"] = await bench_link((1, 8) if quick else (1, 8, 32), 64 * MiB, 1 if quick else 3)
+        result["link_model_ucx_rdma"] = await bench_ucx_rdma((1, 8), 64 * MiB, 1 if quick else 3)
     if "faults" in parts:
         result["faults"] = await bench_faults(2000 if quick else 10_000)
     result["host"]["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews every figure
@@ -752,6 +797,13 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "link_cells_not_bottlenecked_within_5pct": sum(c["within_5pct"] for c in clean),
             "link_max_abs_error_pct_not_bottlenecked": max((abs(c["error_pct_median"]) for c in clean), default=None),
         })
+    if result.get("link_model_ucx_rdma"):
+        cells = result["link_model_ucx_rdma"]
+        for ts in sorted({c["time_scale"] for c in cells}):
+            for label, small in (("scenario_payload_scale", True), ("full_size", False)):
+                sel = [c for c in cells if c["time_scale"] == ts and (c["payload_scale"] < 1) == small]
+                out[f"ucx_rdma_flagged_{label}_time_scale_{ts:g}"] = (
+                    f"{sum(c['flagged_real_bottleneck'] for c in sel)}/{sum(c['transfers'] for c in sel)}")
     if "faults" in result:
         out["fault_silent_corruptions"] = result["faults"]["silent_corruptions"]
     return out

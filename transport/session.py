@@ -82,6 +82,9 @@ from transport.frame import (
 from transport.pool import BufferPool, Lease
 
 MAX_STAGED_PER_CONNECTION = 4096
+YIELD_BYTES = 256 * 1024
+"""A transfer yields to others on its connection after each this many payload bytes (not after every
+frame: small frames queued in one loop iteration go out together, in one write or one UCX message)."""
 
 
 class Handler(Protocol):
@@ -264,9 +267,12 @@ class Client:
                 raise
             end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
             last = len(blocks) - 1
+            unyielded = 0
             for i, b in enumerate(blocks):
-                if i:
-                    await asyncio.sleep(0)  # let concurrent transfers interleave, frame by frame
+                if unyielded >= YIELD_BYTES:
+                    unyielded = 0
+                    await asyncio.sleep(0)  # let concurrent transfers interleave
+                unyielded += b.nbytes
                 await conn.drain()
                 meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
                 if i == last:
@@ -472,9 +478,12 @@ class Server:
                 return
             conn.send(FrameType.PULL_HEAD, {"t": t, "n": len(blocks), "bytes": sum(b.nbytes for b in blocks)})
             algo = self.owner.options.checksum
+            unyielded = 0
             for i, b in enumerate(blocks):
-                if i:
+                if unyielded >= YIELD_BYTES:
+                    unyielded = 0
                     await asyncio.sleep(0)
+                unyielded += b.nbytes
                 await conn.drain()
                 conn.send(FrameType.PULL_DATA, {"t": t, "i": i, "b": b.block_id, "l": list(b.layers)},
                           block=b, algo=algo)

@@ -22,12 +22,15 @@ Why it is built this way (each point was measured; see ``bench/transport.py``):
 - **UCX's defaults, not ucxx's GPU-oriented ones.** Importing ucxx sets ``UCX_MAX_RNDV_RAILS=1``,
   ``UCX_RNDV_THRESH=8192`` and ``UCX_RNDV_FRAG_MEM_TYPE=cuda`` in the environment; where those are
   ucxx's values (not the user's) the context is created with UCX's own defaults instead.
-- **Frames as two messages, many in flight.** A frame's header and metadata go as one control
-  message on the connection's control tag, its payload as one message on the data tag, straight from
-  the sender's buffer into a pooled receive buffer. ``send`` posts both at once and returns; a
-  completion callback accounts them. The receiver keeps ``CONTROL_RING`` control receives posted;
-  as each control message is parsed it posts the payload's receive (tag matching keeps payloads in
-  order), so many payloads move at once; frames reach the session in order.
+- **Frames batched into control messages, large payloads beside them, many in flight.** Every UCX
+  request costs Python and C++ work (about 20 us here), so per-message work, not bytes, bounded small
+  transfers. Frames queued in one loop iteration travel as one control message (a 4-byte length, then
+  each frame's header and metadata, with its payload inline when at most ``INLINE_MAX`` bytes); a
+  larger payload goes as one message on the data tag, straight from the sender's buffer into a pooled
+  receive buffer, posted at once. The receiver keeps ``CONTROL_RING`` control receives posted; as it
+  parses a batch it copies inline payloads into pooled buffers and posts each large payload's receive
+  (tag matching keeps payloads in order), so many payloads move at once; frames reach the session in
+  order.
 
 Connecting: the initiator opens an endpoint to the server and sends a hello (a connection id, whether
 it uses error handling, and its own worker address) on the server's hello tag; the server opens an
@@ -83,6 +86,9 @@ WRITE_HIGH_WATER = 32 << 20
 WRITE_LOW_WATER = 8 << 20
 CONTROL_RING = 32
 """Control receives each connection keeps posted (frames whose headers can arrive ahead of their payloads)."""
+INLINE_MAX = 16 * 1024
+"""Payloads up to this size travel inside the control message, after their frame's metadata (protocol constant)."""
+_BATCH_LEN = struct.Struct("<I")
 HELLO_SIZE = 4096
 SPIN_S = 200e-6
 """How long the progress loop keeps spinning after the last completion before it sleeps on the worker's fd."""
@@ -313,13 +319,19 @@ class UcxConnection:
         self.bye_on_close = False
         """Send a goodbye before closing (an endpoint without error handling tells its peer nothing)."""
         self._ctrl: collections.deque[list[Any]] = collections.deque()
+        """Posted control receives in order: [buffer, arrived, parse offset]."""
         self._frames: collections.deque[_Slot] = collections.deque()
         self._unlisten: Callable[[], None] | None = None
         self._delivering = False
+        self._batch: list[bytes | memoryview] = []
+        self._batch_bytes = 0
+        self._flush_scheduled = False
+        self._on_empty: Callable[[], None] | None = None
+        """Called once everything queued was sent (a closing initiator's goodbye)."""
         self.handler = make_handler(self)
-        size = HEADER_SIZE + limits.max_meta_bytes
+        self._ctrl_size = _BATCH_LEN.size + HEADER_SIZE + limits.max_meta_bytes + INLINE_MAX
         for _ in range(CONTROL_RING):
-            self._post_ctrl([bytearray(size), False])
+            self._post_ctrl([bytearray(self._ctrl_size), False, 0])
 
     @property
     def alive(self) -> bool:
@@ -328,7 +340,12 @@ class UcxConnection:
     # -- sending ---------------------------------------------------------------------------------
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None:
-        """Post one frame (control message, then payload message) and return at once."""
+        """Queue one frame and return at once (see the module docstring for how frames travel).
+
+        The frame's header and metadata (and its payload, when at most ``INLINE_MAX`` bytes) join the
+        connection's current control batch, posted as one message at the end of this loop iteration
+        (or at once when full); a larger payload is posted now as its own data message.
+        """
         if self._closed:
             raise PeerGone("connection closed")
         if block is not None:
@@ -336,19 +353,43 @@ class UcxConnection:
                                 algo=block.checksum_algo if block.checksum is not None else pick(algo, block.nbytes))
         else:
             head, body = encode(ftype, meta, payload, algo=pick(algo, 0 if payload is None else payload.nbytes))
+        inline = body.nbytes <= INLINE_MAX
+        size = len(head) + (body.nbytes if inline else 0)
+        if self._batch_bytes + size > self._ctrl_size - _BATCH_LEN.size:
+            self._flush()
+        self._batch.append(head)
+        if inline and body.nbytes:
+            self._batch.append(body)
+        self._batch_bytes += size
         self._queued += len(head) + body.nbytes
-        self.w.send(self.ep, head, self.tag_ctrl_out, functools.partial(self._sent, len(head)))
-        if body.nbytes:
+        if not inline:
             self.w.send(self.ep, body, self.tag_data_out, functools.partial(self._sent, body.nbytes))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.w.loop.call_soon(self._flush)
         if self._queued > WRITE_HIGH_WATER:
             self._space.clear()
+
+    def _flush(self) -> None:
+        """Post the control batch: its length, then its frames back to back."""
+        self._flush_scheduled = False
+        if not self._batch or self._closed:
+            return
+        n = self._batch_bytes
+        msg = b"".join([_BATCH_LEN.pack(n), *self._batch])
+        self._batch.clear()
+        self._batch_bytes = 0
+        self.w.send(self.ep, msg, self.tag_ctrl_out, functools.partial(self._sent, n))
 
     def _sent(self, n: int, exc: BaseException | None) -> None:
         self._queued -= n
         if exc is not None:
             self._lose(exc)
-        elif self._queued <= WRITE_LOW_WATER:
+            return
+        if self._queued <= WRITE_LOW_WATER:
             self._space.set()
+        if self._queued <= 0 and self._on_empty is not None:
+            self._on_empty()
 
     async def drain(self) -> None:
         while True:
@@ -360,7 +401,7 @@ class UcxConnection:
 
     # -- receiving -------------------------------------------------------------------------------
     def _post_ctrl(self, entry: list[Any]) -> None:
-        entry[1] = False
+        entry[1], entry[2] = False, 0
         self._ctrl.append(entry)
         self.w.recv(self.ep, entry[0], self.tag_ctrl_in, functools.partial(self._ctrl_done, entry))
 
@@ -374,29 +415,63 @@ class UcxConnection:
         self._pump()
 
     def _pump(self) -> None:
-        """Parse arrived control messages in order; post each payload's receive into a pooled buffer."""
+        """Parse arrived control batches in order; inline payloads are copied into pooled buffers, others
+        get their receive posted into one (data messages arrive in the order their headers were parsed)."""
         try:
             while not self._closed and self._ctrl and self._ctrl[0][1] and self._unlisten is None:
                 entry = self._ctrl[0]
                 view = memoryview(entry[0])
-                h = parse_header(view[:HEADER_SIZE], self.limits)
-                meta = h.check_meta(view[HEADER_SIZE:HEADER_SIZE + h.meta_len])
-                lease = None
-                if h.payload_len:
-                    lease = self.pool.acquire(h.payload_len)
-                    if lease is None:  # pool exhausted: wait for a release (backpressure)
-                        self._unlisten = self.pool.on_release(self._pool_released)
-                        return
-                slot = _Slot(h, meta, lease)
-                self._frames.append(slot)
-                if lease is not None:
-                    self.w.recv(self.ep, lease.view, self.tag_data_in, functools.partial(self._data_done, slot))
+                if entry[2] == 0:
+                    (n,) = _BATCH_LEN.unpack_from(view)
+                    if n > len(view) - _BATCH_LEN.size:
+                        raise FrameError(f"control batch of {n} bytes overruns its {len(view)}-byte buffer")
+                    entry[2] = _BATCH_LEN.size
+                    entry.append(_BATCH_LEN.size + n)
+                end = entry[3]
+                while entry[2] < end:
+                    if not self._parse_one(view, entry, end):
+                        return  # waiting for the pool
                 self._ctrl.popleft()
+                del entry[3:]
                 self._post_ctrl(entry)
         except FrameError as e:
             self._frame_error(e)
             return
         self._deliver()
+
+    def _parse_one(self, view: memoryview, entry: list[Any], end: int) -> bool:
+        """Parse the frame at ``entry``'s offset; False (offset unchanged) while the pool has no buffer."""
+        pos = entry[2]
+        if end - pos < HEADER_SIZE:
+            raise FrameError("control batch ends inside a frame header")
+        h = parse_header(view[pos:pos + HEADER_SIZE], self.limits)
+        body = pos + HEADER_SIZE + h.meta_len
+        inline = h.payload_len <= INLINE_MAX
+        stop = body + (h.payload_len if inline else 0)
+        if stop > end:
+            raise FrameError("control batch ends inside a frame")
+        lease = None
+        if h.payload_len:
+            lease = self.pool.acquire(h.payload_len)
+            if lease is None:  # pool exhausted: wait for a release (backpressure)
+                self._unlisten = self.pool.on_release(self._pool_released)
+                return False
+        try:
+            meta = h.check_meta(view[pos + HEADER_SIZE:body])
+        except FrameError:
+            if lease is not None:
+                lease.release()
+            raise
+        slot = _Slot(h, meta, lease)
+        self._frames.append(slot)
+        if lease is not None:
+            if inline:
+                lease.view[:] = view[body:stop]
+                slot.done = True
+            else:
+                self.w.recv(self.ep, lease.view, self.tag_data_in, functools.partial(self._data_done, slot))
+        entry[2] = stop
+        return True
 
     def _pool_released(self) -> None:
         self.w.loop.call_soon(self._retry_pool)  # never re-enter the reader from inside a release
@@ -460,11 +535,12 @@ class UcxConnection:
             return
         self.bye_on_close = False
         try:
-            head, _ = encode(FrameType.CANCEL, {"t": 0, "bye": True})
-            self.w.send(self.ep, head, self.tag_ctrl_out, lambda _exc: self._lose(None))
+            self.send(FrameType.CANCEL, {"t": 0, "bye": True})
+            self._flush()
         except Exception:
             self._lose(None)
             return
+        self._on_empty = lambda: self._lose(None)
         self.w.loop.call_later(0.5, self._lose, None)  # in case the goodbye never completes
 
     def _lose(self, exc: BaseException | None) -> None:
@@ -484,6 +560,8 @@ class UcxConnection:
                 slot.lease = None
         self._frames.clear()
         self._ctrl.clear()
+        self._batch.clear()
+        self._batch_bytes = 0
         self._queued = 0
         self._space.set()
         try:
