@@ -4,9 +4,14 @@ the link model's accuracy against the analytic expectation, and the fault wrappe
 - inproc: pushes of blocks of 64 KiB, 1 MiB and 16 MiB handed to a receiver (zero copy), and the same
   with the receiver taking ownership (``detach``, one copy), against ``numpy.copyto`` of the same sizes.
 - tcp: 64 MiB in 1 MiB blocks (16 concurrent pushes of 4 blocks, multiplexed on one connection) into
-  a receiver in another process, against a blocking-socket sender and receiver moving the same bytes;
-  latency of one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong.
-- ucx: the same 64 MiB through the ucx backend against a bare ucxx send/recv loop, where ucxx imports.
+  a receiver in another process, against the best of two bare receivers moving the same bytes (a
+  blocking socket, and an event loop's BufferedProtocol into one preallocated buffer); latency of
+  one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong.
+- ucx: the same 64 MiB through the ucx backend over shared memory (``UCX_TLS=sm,self``) and over TCP
+  (``tcp,self``), each against ``ucx_perftest -t tag_bw`` from the libucx wheel (two processes, 1 MiB
+  messages, same transports) and a tuned bare libucxx loop (32 messages in flight); and the lessons
+  card's 100 GB/s RDMA link over ucx at the disaggregation scenario's payload scale and time scale,
+  counting transfers flagged "real transport was the bottleneck".
 - link model: 1, 8 and 32 concurrent pushes of 64 MiB (emulated; 16 blocks of 4 MiB) over a 10 GB/s
   and a 100 GB/s link at payload scales 1/64 and 1, real bytes over TCP to another process; the
   makespan against n x bytes / bandwidth, and whether the real transport kept up.
