@@ -123,7 +123,7 @@ async def test_reconnect_after_reset(pair) -> None:
 
 
 async def test_garbage_closes_only_that_endpoint(pair) -> None:
-    from transport.ucx import UcxTransport
+    from transport.ucx import UcxConnection, UcxTransport
 
     a, b, addr, clock = pair
     await a.push(addr, R, blocks(1))
@@ -132,6 +132,7 @@ async def test_garbage_closes_only_that_endpoint(pair) -> None:
     await c.push(addr, RequestId("c"), blocks(1))
     b.discard(RequestId("c"))
     conn = c._clients[addr.location].conn  # a peer that turns bad on an established connection
+    assert isinstance(conn, UcxConnection)
     conn.w.send(conn.ep, b"GARBAGE!" * 4, conn.tag_ctrl_out, lambda _exc: None)
     for _ in range(200):
         if b.frame_errors:
