@@ -1,17 +1,17 @@
 """SGLang router's ``cache_aware`` policy, re-implemented faithfully as a baseline (sgl-router 0.3.2).
 
-sgl-router (``policies/cache_aware.rs``, ``policies/tree.rs``) keeps an *approximate* radix tree of the
-request texts it routed, character by character, one tenant per worker, and knows nothing of what the
-engines really cache. For each request:
+sgl-router (``src/policies/cache_aware.rs``, ``src/policies/tree.rs``; 0.3.2 is built as sgl-model-gateway)
+keeps an *approximate* radix tree of the request texts it routed, character by character, one tenant per
+worker, and knows nothing of what the engines really cache. For each request:
 
 1. ``loads`` are the requests the router has open on every worker (healthy or not). The load is
    *imbalanced* when ``max - min > balance_abs_threshold`` and ``max > min x balance_rel_threshold``: the
    request goes to the least loaded eligible worker, and its text is still inserted under that worker.
 2. Otherwise ``prefix_match(text)`` walks the tree as deep as the text matches (stopping inside a node
    on a partial match) and names a tenant of the node where it stopped. If ``matched chars / text chars >
-   cache_threshold`` the request goes to that tenant, else to the tenant with the fewest characters in
-   the tree (``get_smallest_tenant``). The text is inserted under the chosen worker. A chosen tenant that is
-   not a worker any more is removed from the tree and the first eligible worker serves (without an insert).
+   cache_threshold`` the request goes to that tenant, else to the least loaded eligible worker (0.3.2; the
+   older routers took the tenant with the smallest tree). The text is inserted under the chosen worker. A
+   matched tenant that is not an eligible worker any more: the first eligible worker serves (no insert).
 3. Every ``eviction_interval_s`` (a timer in sgl-router; here checked on the passed clock at the next
    request, which is when a decision could first see it) each tenant above ``max_tree_size`` characters
    loses its least recently used leaves until it fits.
@@ -21,12 +21,11 @@ spaces; token ids as decimal numbers joined by spaces, as for its ``/generate``)
 joined by spaces. Defaults are 0.3.2's (``router_args.py``): cache_threshold 0.3, balance_abs_threshold 64,
 balance_rel_threshold 1.5, eviction every 60 s, max_tree_size 2**26.
 
-Tie-breaks. sgl-router keeps tenants in hash maps with a per-process random seed, so where several tenants
-qualify (the smallest tree among equals, a matched node that several tenants share) its choice is arbitrary
-and differs run to run; here the smallest tree's ties go to the lowest name and a shared node's to its most
-recently used tenant (then the lowest name). The least loaded worker's ties go to the first in name order
-(sgl-router: the first in its worker list). Comparisons with the real router are therefore made up to a
-renaming of workers (see ``tests/integration/test_sglang_agreement.py``).
+Tie-breaks. sgl-router takes the *first* least loaded worker in its worker list (an order of its own), and a
+shared node's tenant is the first in a hash map with a per-process random seed (arbitrary, run to run); here
+the least loaded worker's ties go to the lowest name and a shared node's to its most recently used tenant
+(then the lowest name). Comparisons with the real router are therefore made up to a renaming of workers
+(see ``tests/integration/test_sglang_agreement.py``).
 """
 
 from __future__ import annotations
@@ -291,12 +290,12 @@ class SGLangCacheAware(PolicyBase):
             return by_load
         matched, tenant = self.tree.prefix_match(text, now)
         rate = matched / len(text) if text else 0.0
+        if rate <= self.cache_threshold:
+            self.reason = "least_loaded"
+            return by_load
         names: dict[str, WorkerInfo] = {w.name: w for w in candidates}
-        if rate > self.cache_threshold:
-            self.reason, choice = "cache_hit", tenant
-        else:
-            self.reason, choice = "smallest_tree", self.tree.smallest_tenant()
-        first = names.get(choice) if choice is not None else None
+        first = names.get(tenant) if tenant is not None else None
+        self.reason = "cache_hit"
         if first is None:
             self.reason = "fallback"
             first = candidates[0]

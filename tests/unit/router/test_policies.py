@@ -159,13 +159,14 @@ def test_sglang_cache_aware_prefers_its_tree_then_balances() -> None:
     view = ClusterView(ws)
     c1 = ctx(body={"prompt": "a" * 100})
     first = p.rank(ws, c1, view)[0]
-    assert first.name == "w0" and p.reason == "smallest_tree"  # both trees empty: the lowest name
+    assert first.name == "w0" and p.reason == "least_loaded"  # a miss, equal loads: the lowest name
     p.on_routed(first, c1)
+    first.inflight = 1
     c2 = ctx(body={"prompt": "a" * 90 + "b" * 10})
-    assert p.rank(ws, c2, view)[0] is first and p.reason == "cache_hit"
+    assert p.rank(ws, c2, view)[0] is first and p.reason == "cache_hit"  # even though it is busier
     c3 = ctx(body={"prompt": "a" * 20 + "c" * 80})  # 20% matched: not above 0.3
     other = p.rank(ws, c3, view)[0]
-    assert other is not first and p.reason == "smallest_tree"
+    assert other is not first and p.reason == "least_loaded"
     first.inflight = 10  # imbalanced: 10 - 0 > 2 and 10 > 1.5 x 0
     assert p.rank(ws, c2, view)[0] is not first and p.reason == "imbalanced"
 
