@@ -65,6 +65,9 @@ class ClientConfig:
     prompt_format: Literal["ids", "text"] = "ids"
     """``text`` sends each synthesized prompt as words (see ``ids_to_text``), for servers and routers
     that take only text prompts (SGLang's router); prefix sharing is kept block for block."""
+    record_tokens: bool = False
+    """Ask for the token ids of every chunk (kvmesh's ``output_token_ids``) and keep them and the prompt
+    in each record, for the history checker (``cluster.chaos.checker``)."""
 
 
 def ids_to_text(ids: Sequence[int]) -> str:
@@ -134,6 +137,8 @@ class PreparedRequest:
     spec: RequestSpec
     body: bytes
     headers: dict[str, str]
+    prompt_ids: tuple[int, ...] = ()
+    """Kept only with ``ClientConfig.record_tokens``."""
 
 
 class CompletionClient:
@@ -203,9 +208,12 @@ class CompletionClient:
             raise TargetError("model not resolved: call resolve_model() first")
         ids = self.synthesizer.prompt(spec)
         prompt: list[int] | str = ids_to_text(ids) if self.config.prompt_format == "text" else ids
-        payload = build_payload(spec, self.model, prompt, self.config.extra_body)
+        extra = {**self.config.extra_body, "output_token_ids": True} if self.config.record_tokens \
+            else self.config.extra_body
+        payload = build_payload(spec, self.model, prompt, extra)
         body = json.dumps(payload, separators=(",", ":")).encode()
-        return PreparedRequest(spec, body, build_headers(spec, self.config.request_id_prefix))
+        return PreparedRequest(spec, body, build_headers(spec, self.config.request_id_prefix),
+                               tuple(ids) if self.config.record_tokens else ())
 
     async def send(self, req: PreparedRequest, scheduled_wall: float) -> RequestRecord:
         """Send one request now and time its stream; never raises (see the module docstring)."""
@@ -215,6 +223,7 @@ class CompletionClient:
         last = st
         gaps: list[float] = []
         chunks = 0
+        tokens: list[int] = []
         usage: dict[str, Any] = {}
         status: Status = "ok"
         http_status: int | None = None
@@ -247,6 +256,11 @@ class CompletionClient:
                             if not isinstance(event, dict):
                                 raise ValueError(f"event is not a JSON object: {data[:80]!r}")
                             if event.get("choices"):
+                                if self.config.record_tokens:
+                                    choice = event["choices"][0]
+                                    ids = choice.get("token_ids") if isinstance(choice, dict) else None
+                                    if isinstance(ids, list):
+                                        tokens.extend(int(t) for t in ids)
                                 if first is None:
                                     first = now
                                 else:
@@ -278,6 +292,7 @@ class CompletionClient:
         finally:
             if me is not None:
                 self._open.pop(me, None)
+        finished = time.monotonic()
         scale = 1000.0 / self.config.time_scale
         ok = status == "ok" and first is not None
         completion = usage.get("completion_tokens")
@@ -295,4 +310,7 @@ class CompletionClient:
             cached_tokens=cached if isinstance(cached, int) else None,
             http_status=http_status, error=error, worker=worker, session_id=spec.session_id,
             send_lag_wall_ms=(st - scheduled_wall) * 1000.0,
+            finished_ms=self.emulated_ms(finished),
+            deadline_ms=self.emulated_ms(st + self.config.request_timeout_s),
+            residency=spec.residency_region, token_ids=tuple(tokens), prompt_ids=req.prompt_ids,
         )

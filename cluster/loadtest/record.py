@@ -44,6 +44,17 @@ class RequestRecord:
     session_id: str | None = None
     send_lag_wall_ms: float = 0.0
     """How late the send really was against its schedule, in wall ms (the replayer's own accuracy)."""
+    finished_ms: float | None = None
+    """When the client saw the request's terminal state (emulated ms from the run start)."""
+    deadline_ms: float | None = None
+    """The latest the terminal state may come: the send plus the client's request timeout."""
+    residency: str | None = None
+    """The residency region the request was tagged with (the history checker's residency check)."""
+    token_ids: tuple[int, ...] = ()
+    """The token ids as the client received them, in order (only with ``ClientConfig.record_tokens``)."""
+    prompt_ids: tuple[int, ...] = ()
+    """The prompt sent (only with ``ClientConfig.record_tokens``): the checker regenerates the engines'
+    tokens from it."""
 
     @property
     def success(self) -> bool:
@@ -64,11 +75,15 @@ class RequestRecord:
         d = asdict(self)
         d["itl_ms"] = [round(x, 4) for x in self.itl_ms]
         d["tpot_ms"] = self.tpot_ms
+        for name in ("token_ids", "prompt_ids"):  # only recorded on request: keep other runs' files small
+            if not d[name]:
+                del d[name]
         return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RequestRecord:
         fields = {k: v for k, v in d.items() if k in RequestRecord.__dataclass_fields__}
-        fields["itl_ms"] = tuple(fields.get("itl_ms") or ())
+        for name in ("itl_ms", "token_ids", "prompt_ids"):
+            fields[name] = tuple(fields.get(name) or ())
         fields["request_id"] = RequestId(str(fields["request_id"]))
         return RequestRecord(**fields)
