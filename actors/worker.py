@@ -110,6 +110,13 @@ class GpuWorker:
         for n in names or list(self.servers):
             self.servers[n].draining = True
 
+    async def set_slowdown(self, names: list[str], factor: float) -> None:
+        """Fault injection: the named engines' steps take ``factor`` times the modelled time (1.0 restores)."""
+        if factor <= 0:
+            raise ValueError("slowdown factor must be positive")
+        for n in names:
+            self.engines[n].slowdown = factor
+
     async def stop(self) -> None:
         for s in self.servers.values():
             await s.stop()

@@ -149,6 +149,9 @@ class Engine:
         self.lease_expiries = 0
         self._reaper: asyncio.Task[None] | None = None
         self._last_start: float | None = None
+        self.slowdown = 1.0
+        """Fault injection (``slow_gpu``): every step takes ``slowdown`` times the cost model's time (a
+        straggler or a throttled GPU); 1.0 = as modelled."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -373,7 +376,7 @@ class Engine:
                 prev_end = None
                 continue
             cost = self.cost.step(step.shape())
-            end = step.start_ms + cost.total_ms
+            end = step.start_ms + cost.total_ms * self.slowdown
             lag = await self.clock.sleep_until(end)
             prev_end = end
             self.apply_step(step, cost, end, lag)
