@@ -53,6 +53,9 @@ class ReplayConfig:
     stall_grace_s: float = 30.0
     """Open requests are ended as ``stalled`` once the target has reported nothing running, waiting or
     held for this many wall seconds (a stream the server never closed); needs ``scrape``."""
+    on_origin: Callable[[float], None] | None = field(default=None, compare=False)
+    """Told the run's origin (``time.monotonic()`` of emulated time 0) once it is fixed, before the first
+    send: how a fault schedule replays on the same timeline as the requests."""
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -113,6 +116,8 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
     client.origin = origin
     probe.origin = origin
     clock = Clock(client_config.time_scale, spin_ms=config.spin_ms, origin=origin)
+    if config.on_origin is not None:
+        config.on_origin(origin)
     stop = asyncio.Event()
     poller = asyncio.create_task(probe.poll(config.metrics_interval_s, stop)) if config.scrape else None
     watchdog = asyncio.create_task(_watch_stalls(client, probe, config.stall_grace_s)) if config.scrape else None
