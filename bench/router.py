@@ -7,12 +7,17 @@ Figures (each beside its same-run baseline):
   highest request rate each sustains (closed loop), beside the engines' own;
 - quality: a slice of the Mooncake conversation trace on 8 emulated H100s (Llama-3.1-8B), the same rate,
   for every kvmesh policy and for sgl-router's cache_aware: prefix hit ratio, TTFT p50/p99, goodput;
+- prefix: a prefix-heavy synthetic workload (shared prefixes of 2048 tokens, Poisson arrivals) on 4 emulated
+  H100s whose KV caches are pinned small, the prefix working set swept from one engine's cache to 4x it
+  (``--ratios``); kv_aware, sglang_cache_aware, sgl-router's cache_aware and round_robin, each on a fresh
+  launch of the same spec: hit ratio, TTFT mean/p50/p99, goodput, step lag (with the trust threshold);
 - regions: the lessons card's router comparison on 3 regions x 4 replicas: hit ratio, TTFT p50/p99 and
   cross-region requests for ROUND_ROBIN, REGIONAL and GLOBAL; then a run where one region's workers are
   killed midway: residency violations (must be 0).
 
-``--quick`` measures only the overhead (small counts); ``--parts`` and ``--policies`` pick what a full run
-measures; ``--parts profile`` adds where the router's CPU goes by layer (``bench/router_profile.py``).
+``--quick`` measures the overhead (small counts) and, with ``--parts prefix``, one small sweep point;
+``--parts`` and ``--policies`` pick what a full run measures; ``--parts profile`` adds where the router's
+CPU goes by layer (``bench/router_profile.py``).
 sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing; ``--no-sglang``
 skips it, and the figures say so).
 """
@@ -311,6 +316,87 @@ def prefix_hits(h: ClusterHandle) -> float:
     return hit / q if q else 0.0
 
 
+# -- prefix-heavy sweep ----------------------------------------------------------------------------------
+PREFIX_TIME_SCALE = 2.0
+"""Four engines (two per actor), the router, sgl-router and the load generator share two cores: the run goes
+at half speed so the engines' step lag stays under the report's trust threshold (checked per row)."""
+PREFIX_ENGINE_BLOCKS = 1024
+"""KV blocks per engine (16 tokens each: 16384 tokens), pinned so a sweep to 4x fits in a short run."""
+PREFIX_LEN = 2048
+PREFIX_POLICIES = ("kv_aware", "sglang_cache_aware", "sglang-router", "round_robin")
+
+
+def prefix_spec(policy: str) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": f"bench-prefix-{policy}", "time_scale": PREFIX_TIME_SCALE, "gpus_per_actor": 2,
+        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 4,
+                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": 4,
+                                "scheduler": {"num_gpu_blocks": PREFIX_ENGINE_BLOCKS}}]}],
+        "router": {"policy": policy if policy != "sglang-router" else "round_robin"}})
+
+
+def prefix_workload(ratio: float, n: int, rate: float, seed: int, offset: int) -> Any:
+    """Shared prefixes whose total size is ``ratio`` x one engine's KV cache; every request extends one of
+    them (uniformly) by 128 fresh tokens. ``offset`` shifts every block id, so runs on the same engines
+    share no content while their structure stays identical."""
+    import dataclasses
+
+    from cluster.loadtest.spec import TraceData
+    from cluster.loadtest.synthetic import SyntheticSpec, generate
+
+    num_prefixes = max(1, round(ratio * PREFIX_ENGINE_BLOCKS * 16 / PREFIX_LEN))
+    spec = SyntheticSpec.model_validate({
+        "num_requests": n, "rate": rate, "input_len": {"kind": "fixed", "mean": 128},
+        "output_len": {"kind": "uniform", "mean": 32, "spread": 16},
+        "prefixes": {"num_prefixes": num_prefixes, "prefix_len": PREFIX_LEN}, "seed": seed})
+    reqs = [dataclasses.replace(r, hash_ids=tuple(h + offset for h in r.hash_ids))
+            for r in generate(spec, np.random.default_rng(seed))]
+    return TraceData(f"prefix-heavy x{ratio}", "synthetic", tuple(reqs), block_size=16), num_prefixes
+
+
+def prefix_heavy(sgl_py: str | None, ratios: list[float], n: int, rate: float,
+                 policies: tuple[str, ...] = PREFIX_POLICIES) -> dict[str, Any]:
+    from cluster.loadtest.session import LoadTestConfig
+
+    slos = {"ttft": 1000.0, "tpot": 50.0}
+    threshold = LoadTestConfig(name="x").step_lag_threshold_ms
+    out: dict[str, Any] = {"engine_kv_tokens": PREFIX_ENGINE_BLOCKS * 16, "prefix_len": PREFIX_LEN,
+                           "requests": n, "rate_rps": rate, "slos_ms": slos, "time_scale": PREFIX_TIME_SCALE,
+                           "step_lag_threshold_ms": threshold}
+    for ratio in ratios:
+        row: dict[str, Any] = {}
+        for k, policy in enumerate(p for p in policies if p != "sglang-router" or sgl_py):
+            trace, num_prefixes = prefix_workload(ratio, n, rate, seed=int(ratio * 100), offset=k * 10_000_000)
+            row["num_prefixes"] = num_prefixes
+            with launch(prefix_spec(policy)) as h:
+                sgl = SGLangRouter(sgl_py, list(h.engine_urls.values())) if policy == "sglang-router" and sgl_py \
+                    else None
+                try:
+                    s = replay_summary(sgl.url if sgl else h.router_url, trace, f"prefix-{policy}", 1.0, slos,
+                                       PREFIX_TIME_SCALE)
+                    hits = prefix_hits(h)
+                finally:
+                    if sgl is not None:
+                        sgl.stop()
+            ttft = s["ttft_ms"]
+            lag = s.get("step_lag_ms") or {}
+            row[policy] = {"prefix_hit_ratio": round(hits, 4),
+                           "ttft_mean_ms": ttft.get("mean"), "ttft_p50_ms": ttft.get("p50"),
+                           "ttft_p99_ms": ttft.get("p99"), "goodput_rps": s.get("request_goodput"),
+                           "completed": s["completed"], "failed": s["failed"], "step_lag_ms": lag,
+                           "trusted": lag.get("p99") is not None and float(lag["p99"]) <= threshold}
+            print(f"prefix x{ratio} {policy}: {row[policy]}", flush=True)
+        if "kv_aware" in row and "sglang-router" in row:
+            kv, sg = row["kv_aware"], row["sglang-router"]
+            row["kv_aware_vs_sglang_router"] = {
+                "hit_ratio_points": round((kv["prefix_hit_ratio"] - sg["prefix_hit_ratio"]) * 100, 2),
+                "ttft_mean_ratio": round(kv["ttft_mean_ms"] / sg["ttft_mean_ms"], 3),
+                "ttft_p99_ratio": round(kv["ttft_p99_ms"] / sg["ttft_p99_ms"], 3)}
+            print(f"prefix x{ratio} kv_aware vs sgl-router: {row['kv_aware_vs_sglang_router']}", flush=True)
+        out[f"x{ratio:g}"] = row
+    return out
+
+
 # -- regions and residency -------------------------------------------------------------------------------
 REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 
@@ -395,6 +481,10 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=1.0, help="Mooncake replay speed")
     p.add_argument("--parts", default="overhead,quality,regions",
                    help="which parts to run (comma-separated; 'profile' adds bench/router_profile.py's CPU profile)")
+    p.add_argument("--ratios", default="1,2,4",
+                   help="prefix part: working set / one engine's KV cache, per sweep point (comma-separated)")
+    p.add_argument("--prefix-requests", type=int, default=300, help="prefix part: requests per run")
+    p.add_argument("--prefix-rate", type=float, default=10.0, help="prefix part: arrivals per emulated second")
     p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
                    help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
@@ -409,6 +499,10 @@ def main() -> None:
             result["overhead"] = overhead(args.quick, sgl_py)
         if not args.quick and "quality" in parts:
             result["quality"] = quality(sgl_py, args.seconds, args.speed, tuple(args.policies.split(",")))
+        if "prefix" in parts:
+            ratios = [2.0] if args.quick else [float(r) for r in args.ratios.split(",")]
+            result["prefix"] = prefix_heavy(sgl_py, ratios, 60 if args.quick else args.prefix_requests,
+                                            args.prefix_rate)
         if not args.quick and "regions" in parts:
             result["regions"] = regions(False)
         if "profile" in parts:
