@@ -197,7 +197,7 @@ class Block:
     payload: memoryview
     layers: tuple[int, int] = (0, 1)
     checksum: int | None = None
-    checksum_algo: ChecksumName = "sum64"
+    checksum_algo: ChecksumName = "xxh3"
 
     def __post_init__(self) -> None:
         if not BLOCK_ID_MIN <= self.block_id <= BLOCK_ID_MAX:
@@ -400,7 +400,7 @@ class TransportOptions(Frozen):
     """Largest payload one frame (one block) may declare; larger declarations are rejected unread."""
     max_meta_bytes: PositiveInt = 64 * 1024
     checksum: ChecksumChoice = "auto"
-    """Payload checksum senders compute: ``auto`` is CRC-32 for small payloads and sum64 for large."""
+    """Payload checksum senders compute: ``auto`` is xxh3 (XXH3-64) at every size."""
     inproc_verify: Literal["supplied", "always"] = "supplied"
     """``inproc`` moves no bytes, so it verifies only checksums a producer supplied, unless ``always``."""
     ucx_same_host: Literal["auto", "worker_address", "listener"] = "auto"

@@ -6,7 +6,7 @@ A frame is a fixed 32-byte header, msgpack metadata (a map), then the raw payloa
          0    4 magic          b"KVMF"
          4    1 version        1
          5    1 type           FrameType
-         6    1 checksum algo  1 = sum64, 2 = crc32 (of the payload)
+         6    1 checksum algo  1 = sum64, 2 = crc32, 3 = xxh3 (of the payload)
          7    1 flags          0 (reserved)
          8    4 meta length    <= max_meta_bytes
         12    8 payload length <= max_frame_payload
@@ -100,7 +100,7 @@ class Frame:
             self.lease.release()
 
 
-def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "sum64",
+def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "xxh3",
            checksum: int | None = None) -> tuple[bytes, memoryview]:
     """Header plus metadata (one bytes object) and the payload view (written separately, never copied).
 
@@ -117,7 +117,7 @@ def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo:
     return prefix + struct.pack("<I", hcrc) + meta_b, body
 
 
-def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "sum64",
+def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "xxh3",
                  checksum: int | None = None) -> bytes:
     """One frame as a single bytes object (tests and small control frames)."""
     head, body = encode(ftype, meta, payload, algo=algo, checksum=checksum)
@@ -140,7 +140,7 @@ class FrameDecoder:
         self._w = 0
         self._state = self._HEAD
         self._type = FrameType.PUSH_DATA
-        self._algo: ChecksumName = "sum64"
+        self._algo: ChecksumName = "xxh3"
         self._meta_len = 0
         self._payload_len = 0
         self._psum = 0

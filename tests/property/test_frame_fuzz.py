@@ -20,7 +20,7 @@ metas = st.dictionaries(st.sampled_from(["t", "i", "b", "r", "n", "l", "x"]),
                         st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.booleans(),
                                   st.lists(st.integers(0, 100), max_size=3)), max_size=5)
 frames = st.lists(st.tuples(st.sampled_from(list(FrameType)), metas, st.binary(max_size=5000),
-                            st.sampled_from(["sum64", "crc32"])), min_size=1, max_size=6)
+                            st.sampled_from(["xxh3", "sum64", "crc32"])), min_size=1, max_size=6)
 
 
 def decode(stream: bytes, cuts: list[int]) -> tuple[list[tuple[bool, bytes, int, str]], BufferPool]:

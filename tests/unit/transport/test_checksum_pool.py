@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transport.base import ByteBudget
-from transport.checksum import checksum_of, sum64
+from transport.checksum import checksum_of, pick, sum64
 from transport.pool import MIN_CLASS, BufferPool, size_class
 
 
@@ -35,6 +35,9 @@ def test_sum64_sees_length_and_chunk_order() -> None:
 def test_checksum_by_name() -> None:
     assert checksum_of("crc32", b"abc") == 0x352441C2
     assert checksum_of("sum64", memoryview(b"abc")) == sum64(b"abc")
+    assert checksum_of("xxh3", b"") == 0x2D06800538D394C2  # XXH3-64 of the empty input, seed 0
+    assert checksum_of("xxh3", b"abc") != checksum_of("xxh3", b"abd")
+    assert pick("auto", 4096) == pick("auto", 1 << 20) == "xxh3"
     with pytest.raises(ValueError, match="unknown checksum"):
         checksum_of("md5", b"")  # type: ignore[arg-type]
 

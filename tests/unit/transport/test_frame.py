@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from transport.base import FrameError
+from transport.checksum import ChecksumName
 from transport.frame import HEADER_SIZE, MAGIC, FrameDecoder, FrameType, Limits, encode_bytes
 from transport.pool import BufferPool
 
@@ -38,10 +39,27 @@ def test_roundtrip_any_chunking(chunk: int) -> None:
     assert dec.pool.leases == 0
 
 
-def test_crc32_frames() -> None:
+@pytest.mark.parametrize("algo", ["xxh3", "sum64", "crc32"])
+def test_every_checksum_algorithm_stays_readable(algo: ChecksumName) -> None:
     dec = decoder()
-    [f] = dec.feed(encode_bytes(FrameType.PULL_DATA, {"t": 1}, b"abc" * 100, algo="crc32"))
-    assert f.algo == "crc32" and f.intact
+    [f] = dec.feed(encode_bytes(FrameType.PULL_DATA, {"t": 1}, b"abc" * 100, algo=algo))
+    assert f.algo == algo and f.intact
+    f.release()
+
+
+@pytest.mark.parametrize("algo", ["xxh3", "sum64", "crc32"])
+def test_a_corrupt_payload_is_detected_under_every_algorithm(algo: ChecksumName) -> None:
+    dec = decoder()
+    wire = bytearray(encode_bytes(FrameType.PUSH_DATA, {"t": 1}, bytes(range(256)) * 40, algo=algo))
+    wire[-1000] ^= 0x01
+    [f] = dec.feed(wire)
+    assert f.algo == algo and not f.intact
+    f.release()
+
+
+def test_senders_default_to_xxh3() -> None:
+    [f] = decoder().feed(encode_bytes(FrameType.PUSH_DATA, {"t": 1}, b"x" * 64))
+    assert f.algo == "xxh3" and f.intact
     f.release()
 
 
