@@ -31,9 +31,8 @@ id and layer range), so a sender may retry one whose error says ``maybe_delivere
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType, Protocol, runtime_checkable
 
@@ -206,6 +205,19 @@ class Block:
         if not 0 <= lo < hi:
             raise ValueError(f"layer range {self.layers} must satisfy 0 <= start < stop")
 
+    def over(self, payload: memoryview) -> Block:
+        """This block's id, layers and checksum over another buffer holding the same bytes (not checked:
+        the id and layers were validated when this block was made). Skips ``__init__``: it is called per
+        block on hot paths (a receiver copying blocks out), where dataclass construction costs as much
+        as copying 64 KiB."""
+        b: Block = _new_block(Block)
+        _set_block_id(b, self.block_id)
+        _set_payload(b, payload)
+        _set_layers(b, self.layers)
+        _set_checksum(b, self.checksum)
+        _set_checksum_algo(b, self.checksum_algo)
+        return b
+
     @staticmethod
     def of(block_id: int, payload: Any, layers: tuple[int, int] = (0, 1)) -> Block:
         """A block over ``payload`` (any C-contiguous buffer; viewed read-only, not copied), without a checksum."""
@@ -230,6 +242,15 @@ class Block:
         """A copy whose payload is private memory (``bytearray``), keeping the checksum."""
         return Block(self.block_id, memoryview(bytearray(self.payload)), self.layers, self.checksum,
                      self.checksum_algo)
+
+
+# Slot setters for ``Block.over`` (a frozen dataclass forbids ``setattr``, not its slots' descriptors).
+_new_block = object.__new__
+_set_block_id = Block.__dict__["block_id"].__set__
+_set_payload = Block.__dict__["payload"].__set__
+_set_layers = Block.__dict__["layers"].__set__
+_set_checksum = Block.__dict__["checksum"].__set__
+_set_checksum_algo = Block.__dict__["checksum_algo"].__set__
 
 
 class Releasable(Protocol):
@@ -278,12 +299,16 @@ class Delivery:
                 raise ValueError(f"{len(into)} destination buffers for {len(self.blocks)} blocks")
             out = []
             for b, dst in zip(self.blocks, into, strict=True):
-                view = as_bytes_view(dst)[: b.nbytes]
-                if view.nbytes < b.nbytes or view.readonly:
+                payload = b.payload
+                n = payload.nbytes
+                view = as_bytes_view(dst)
+                if view.nbytes != n:
+                    view = view[:n]
+                if view.nbytes < n or view.readonly:
                     raise ValueError(f"destination for block {b.block_id} is read-only or smaller than "
-                                     f"{b.nbytes} bytes")
-                view[:] = b.payload
-                out.append(Block(b.block_id, view, b.layers, b.checksum, b.checksum_algo))
+                                     f"{n} bytes")
+                view[:] = payload  # memoryview assignment: a memcpy with less call overhead than numpy's
+                out.append(b.over(view))
         self.release()
         return out
 
@@ -514,29 +539,36 @@ class Offers:
 
 
 # -- deadlines ------------------------------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def within(clock: ClockLike, deadline_ms: float, what: str) -> AsyncIterator[None]:
+class within:
     """Run the body until emulated time ``deadline_ms``; past it, cancel the body and raise TransferTimeout.
 
     The deadline is turned into a wall delay once, on the event loop's timer; backend exceptions that
-    escape the body are translated (``translate``), so callers see only typed errors.
+    escape the body are translated (``translate``), so callers see only typed errors. A class rather than
+    a generator-based context manager: it is entered once per transfer, and small pushes count every
+    microsecond.
     """
-    delay = clock.to_wall_s(deadline_ms - clock.now_ms())
-    try:
-        async with asyncio.timeout(max(0.0, delay)):
-            yield
-    except asyncio.CancelledError:
-        raise
-    except TimeoutError as e:
-        if isinstance(e, TransferTimeout):
-            raise
-        raise TransferTimeout(f"{what}: missed its deadline ({deadline_ms:.3f} emulated ms)") from e
-    except (OSError, EOFError) as e:
-        raise translate(e, what) from e
-    except Exception as e:
-        if type(e).__name__.startswith("UCX"):
-            raise translate(e, what) from e
-        raise
+
+    __slots__ = ("_deadline_ms", "_timeout", "_what")
+
+    def __init__(self, clock: ClockLike, deadline_ms: float, what: str) -> None:
+        self._deadline_ms = deadline_ms
+        self._what = what
+        self._timeout = asyncio.timeout(max(0.0, clock.to_wall_s(deadline_ms - clock.now_ms())))
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
+        try:
+            await self._timeout.__aexit__(et, e, tb)
+        except TimeoutError as te:
+            raise TransferTimeout(f"{self._what}: missed its deadline ({self._deadline_ms:.3f} emulated ms)") from te
+        if e is None or isinstance(e, (asyncio.CancelledError, TransportError)):
+            return
+        if isinstance(e, TimeoutError):
+            raise TransferTimeout(f"{self._what}: missed its deadline ({self._deadline_ms:.3f} emulated ms)") from e
+        if isinstance(e, (OSError, EOFError)) or type(e).__name__.startswith("UCX"):
+            raise translate(e, self._what) from e
 
 
 class EndpointBase:

@@ -372,6 +372,9 @@ class Server:
         t = field_int(f.meta, "t")
         ft = f.type
         if ft == FrameType.PUSH_DATA:
+            if f.meta.get("n") == 1 and f.meta.get("c") is True and t not in self.staged:
+                self._push_one(t, f)  # the small-push fast path: one block, committed at once
+                return
             self._stage(t, f)
             if "n" in f.meta:
                 self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"),
@@ -432,6 +435,34 @@ class Server:
         st.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
         st.leases.append(f.lease)
 
+    def _push_one(self, t: int, f: Frame) -> None:
+        """A whole one-block push that commits at once: what ``_stage`` + ``_end`` + ``_deliver`` do,
+        without staging it (no ``Staged``, no table entries), for the same checks and the same answers."""
+        meta = f.meta
+        try:
+            i, b, layers = field_int(meta, "i"), field_int(meta, "b"), field_layers(meta)
+            request_id, expires_at = field_str(meta, "r"), _expiry(meta)
+        except FrameError:
+            f.release()
+            raise
+        err: TransportError | None = None
+        if i != 0:
+            err = FrameError(f"push block #{i} arrived out of order")
+        elif not f.intact:
+            err = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
+        elif self.owner.closed:
+            err = TransportClosed("receiver closed")
+        elif expires_at is not None and time.time() > expires_at:
+            err = TransferTimeout("the commit reached the receiver after the sender's deadline")
+        if err is not None:
+            f.release()
+            self._ack(t, err)
+            return
+        self.owner.inbox.deliver(RequestId(request_id),
+                                 (Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo),),
+                                 (f.lease,))
+        self._ack(t, None)
+
     def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
         st = self.staged.pop(t, None) or Staged()
         st.request_id = RequestId(request_id)
@@ -460,6 +491,10 @@ class Server:
         self._ack(t, None)
 
     def _ack(self, t: int, err: TransportError | None, staged: bool = False) -> None:
+        if err is None and not staged:
+            with contextlib.suppress(PeerGone):
+                self.conn.send(FrameType.ACK, {"t": t, "ok": True})
+            return
         meta: dict[str, Any] = {"t": t, "ok": err is None}
         if staged:
             meta["s"] = True

@@ -1,0 +1,47 @@
+"""Deliveries handed to receivers: copying blocks out into the receiver's own buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transport.base import Block, BlockId, Delivery
+
+
+class Lease:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_detach_into_copies_bytes_keeps_identity_and_releases() -> None:
+    src = [np.arange(i, i + 64, dtype=np.uint8) for i in range(3)]
+    blocks = [Block.of(10 + i, s, (i, i + 2)).with_checksum() for i, s in enumerate(src)]
+    lease = Lease()
+    dst = [np.zeros(64, dtype=np.uint8), np.zeros(64, dtype=np.uint8), np.zeros(100, dtype=np.uint8)]
+    out = Delivery(blocks, [lease]).detach(into=dst)
+    assert lease.released == 1
+    for i, (b, got) in enumerate(zip(blocks, out, strict=True)):
+        assert (got.block_id, got.layers, got.checksum, got.checksum_algo) == (b.block_id, b.layers, b.checksum,
+                                                                                b.checksum_algo)
+        assert bytes(got.payload) == bytes(src[i]) and got.intact()
+    assert bytes(dst[2][:64]) == bytes(src[2]) and not dst[2][64:].any()  # a larger slot keeps its tail
+
+
+def test_detach_into_refuses_small_or_read_only_destinations() -> None:
+    block = Block.of(1, bytes(64))
+    with pytest.raises(ValueError, match="smaller"):
+        Delivery([block]).detach(into=[bytearray(63)])
+    with pytest.raises(ValueError, match="read-only"):
+        Delivery([block]).detach(into=[bytes(64)])
+
+
+def test_over_keeps_everything_but_the_buffer() -> None:
+    b = Block(BlockId(-5), memoryview(b"abcd"), (2, 3), 7, "crc32")
+    other = memoryview(bytearray(b"abcd"))
+    c = b.over(other)
+    assert c == Block(BlockId(-5), other, (2, 3), 7, "crc32") and c.payload is other
+    with pytest.raises(AttributeError):
+        c.layers = (0, 1)  # type: ignore[misc]  # still frozen
