@@ -7,6 +7,7 @@ For each eligible worker ``w``, in KV blocks::
                        + blocks the router sent w since that report,
                        blocks of prompts the router sent w whose first token it has not seen)
     cost(w)    = weight x prefill(w) + KV blocks in use on w (the decode load)
+                 + duplicate_weight x (blocks the best-placed candidate holds that w does not)
 
 as NVIDIA Dynamo's KV router scores workers, with ``overlap_weight`` (default 8, where Dynamo's is 1): a
 queued prefill block delays the first token of everything behind it, a decode block costs one block of KV read
@@ -21,7 +22,12 @@ already has is invisible (its blocks are not allocated yet), and a popular prefi
 worker. The router's own count of prompts awaiting their first token is exact and current, where a report is up
 to a beat old and misses a request still on the wire (a beat that lands between the send and the engine's
 receipt clears the pending count without showing the request): with one router the larger of the two is the
-truth, with several the report covers the others' requests. The overlap counts what the router sent a worker
+truth, with several the report covers the others' requests. The duplicate term prices what a myopic TTFT cost
+misses when caches are full: sending a prefix away from the worker that holds it copies it into a second cache,
+where it evicts another prefix that a later request will have to prefill again (on the prefix-heavy part of
+``bench/router.py``, at a working set of 4x one engine's cache, kv_aware without it hit 57% of prompt tokens
+where sgl-router's cache_aware, which never leaves a prefix's worker short of a large imbalance, hit 65%). A
+request still moves when the holder's queue outweighs both terms. The overlap counts what the router sent a worker
 and the KV events have not confirmed yet (``prefix_index.InflightPrefixes``), so a burst for a new prefix does
 not scatter while the first of it is prefilling.
 """
@@ -45,6 +51,8 @@ class KVAware(PolicyBase):
         """Weight of a prefill block against a decode block."""
         temperature: float = Field(default=0.0, ge=0)
         """0: the cheapest worker; above 0, a softmax draw over relative costs."""
+        duplicate_weight: float = Field(default=8.0, ge=0)
+        """Weight of a block the request would copy from another worker's cache into this one's."""
 
     name = "kv_aware"
     reason = "kv_cost"
@@ -54,17 +62,19 @@ class KVAware(PolicyBase):
         super().__init__(rng, params)
         self.weight = params.overlap_weight
         self.temperature = params.temperature
+        self.duplicate_weight = params.duplicate_weight
 
-    def cost(self, w: WorkerInfo, ctx: RequestContext) -> float:
-        new = max(0, ctx.num_blocks - ctx.overlap.get(w.name, 0))
+    def cost(self, w: WorkerInfo, ctx: RequestContext, best_overlap: int = 0) -> float:
+        held = ctx.overlap.get(w.name, 0)
+        new = max(0, ctx.num_blocks - held)
         backlog = max(w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks, w.prefilling_blocks)
-        return self.weight * (new + backlog) + w.used_blocks
+        return self.weight * (new + backlog) + w.used_blocks + self.duplicate_weight * max(0, best_overlap - held)
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
-        costs = {w.name: self.cost(w, ctx) for w in candidates}
+        best = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
+        costs = {w.name: self.cost(w, ctx, best) for w in candidates}
         ordered = sorted(candidates, key=lambda w: (costs[w.name], -ctx.overlap.get(w.name, 0), w.load, w.name))
-        best_overlap = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
-        self.reason = "cache_hit" if best_overlap and ctx.overlap.get(ordered[0].name, 0) == best_overlap \
+        self.reason = "cache_hit" if best and ctx.overlap.get(ordered[0].name, 0) == best \
             else "load"
         if self.temperature <= 0 or len(ordered) == 1:
             return ordered

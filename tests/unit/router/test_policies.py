@@ -116,7 +116,7 @@ def test_prefix_hash_bounds_the_load_a_shared_prefix_brings() -> None:
 
 def test_kv_aware_weighs_overlap_against_load() -> None:
     ws = workers(2)
-    p = make_policy("kv_aware", params={"overlap_weight": 1.0})
+    p = make_policy("kv_aware", params={"overlap_weight": 1.0, "duplicate_weight": 0.0})
     c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 8, WorkerId("w1"): 0})
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
     ws[0].free_blocks = 70  # w0 now decodes 30 blocks: 2 to prefill + 30 > 10 + 0
@@ -131,15 +131,27 @@ def test_kv_aware_weighs_overlap_against_load() -> None:
     ws[1].pending_blocks = 0
     # By default a queued prefill block weighs 8 decode blocks: 2 to prefill beats 10 despite 60 decoding.
     ws[0].prefill_backlog_tokens, ws[0].free_blocks = 0, 40
-    assert make_policy("kv_aware").rank(ws, c, ClusterView(ws))[0].name == "w0"
+    assert make_policy("kv_aware", params={"duplicate_weight": 0.0}).rank(ws, c, ClusterView(ws))[0].name == "w0"
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"  # at weight 1: 2 + 60 > 10
     ws[1].update_load({"free_blocks": 100, "num_blocks": 100, "prefill_backlog_tokens": 160}, 0.0)
     assert ws[1].pending_blocks == 0 and ws[1].prefill_backlog_tokens == 160  # the report now holds them
 
 
+def test_kv_aware_prices_copying_a_cached_prefix_into_a_second_cache() -> None:
+    ws = workers(2)
+    c = ctx(block_hashes=list(range(136)), overlap={WorkerId("w0"): 128, WorkerId("w1"): 0})
+    # w0 holds the prefix but still prefills one like it: 8 + 136 against 136 fresh blocks elsewhere.
+    ws[0].prefilling_blocks = 136
+    assert make_policy("kv_aware", params={"duplicate_weight": 0.0}).rank(ws, c, ClusterView(ws))[0].name == "w1"
+    p = make_policy("kv_aware")
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"  # + 8 x 128 for the copy: it stays
+    ws[0].prefilling_blocks = 3 * 136  # a queue longer than the copy is worth: it moves
+    assert p.rank(ws, c, ClusterView(ws))[0].name == "w1"
+
+
 def test_kv_aware_counts_prompts_awaiting_their_first_token_when_the_report_misses_them() -> None:
     ws = workers(2)
-    p = make_policy("kv_aware")
+    p = make_policy("kv_aware", params={"duplicate_weight": 0.0})
     c = ctx(block_hashes=list(range(10)), overlap={WorkerId("w0"): 4, WorkerId("w1"): 0})
     assert p.rank(ws, c, ClusterView(ws))[0].name == "w0"
     # A beat cleared w0's pending count before the engine had queued the 30 blocks the router sent it.
