@@ -48,6 +48,9 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBIQQI")
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 32
+_PREFIX = struct.Struct("<4sBBBBIQQ")
+"""Header bytes 0..27 (what the header CRC covers, with the metadata)."""
+_CRC = struct.Struct("<I")
 DIRECT_MIN = 64 * 1024
 """Payload remainders at least this large are received straight into their pool buffer."""
 _EMPTY = memoryview(b"")
@@ -112,9 +115,8 @@ def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo:
         body = body.cast("B")
     n = body.nbytes
     psum = (checksum if checksum is not None else checksum_of(algo, body)) if n else 0
-    prefix = HEADER.pack(MAGIC, VERSION, int(ftype), ALGO_IDS[algo], 0, len(meta_b), n, psum, 0)[:28]
-    hcrc = zlib.crc32(meta_b, zlib.crc32(prefix))
-    return prefix + struct.pack("<I", hcrc) + meta_b, body
+    prefix = _PREFIX.pack(MAGIC, VERSION, ftype, ALGO_IDS[algo], 0, len(meta_b), n, psum)
+    return b"".join((prefix, _CRC.pack(zlib.crc32(meta_b, zlib.crc32(prefix))), meta_b)), body
 
 
 def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "xxh3",
