@@ -17,7 +17,7 @@ from aiohttp import web
 from actors.engine.engine import Engine, EngineError, RequestStream
 from actors.engine.sequence import FinishReason, RequestId
 from actors.engine.tokenizer import Tokenizer
-from actors.feed import FeedPublisher
+from actors.feed import FeedHub
 from actors.http import serve_app
 from actors.kv_connector import KVConnector, address_from_json, address_to_json
 from actors.metrics import EngineMetrics
@@ -47,7 +47,7 @@ class EngineServer:
 
     def __init__(self, engine: Engine, metrics: EngineMetrics, *, host: str = "127.0.0.1", port: int = 0,
                  meta: dict[str, Any] | None = None, connector: KVConnector | None = None,
-                 disagg: DisaggSpec | None = None) -> None:
+                 disagg: DisaggSpec | None = None, hub: FeedHub | None = None) -> None:
         self.engine = engine
         self.connector = connector
         self.disagg = disagg or DisaggSpec()
@@ -56,11 +56,22 @@ class EngineServer:
         self.host = host
         self.port = port
         self.meta = dict(meta or {})
-        self.draining = False
+        self._draining = False
         self.inflight = 0
         self._runner: web.AppRunner | None = None
         self.url = ""
-        self.feed = FeedPublisher(engine, self.load_report)
+        self.hub = hub or FeedHub()
+        """The process's feed (``actors.feed``): a connection to this server may carry every engine in it."""
+        self.hub.add(engine.cfg.name, engine, self.load_report)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        self.hub.changed(self.engine.cfg.name)  # routers learn of a drain on the feed at once
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -75,11 +86,15 @@ class EngineServer:
             app.router.add_get(path, self.model_info)
         for path in ("/get_server_info", "/server_info"):
             app.router.add_get(path, self.server_info)
-        app.router.add_get("/kvmesh/feed", self.feed.handler)
+        app.router.add_get("/kvmesh/feed", self.feed)
         app.router.add_post("/kvmesh/reserve", self.reserve)
         app.router.add_delete("/kvmesh/reserve/{rid}", self.cancel_reservation)
         app.router.add_post("/kvmesh/release/{rid}", self.release)
         return app
+
+    async def feed(self, request: web.Request) -> web.WebSocketResponse:
+        """The feed of this engine, or (``?engines=``) of any engines in this process."""
+        return await self.hub.serve(request, default=(self.engine.cfg.name,))
 
     async def start(self) -> str:
         self._runner, self.port = await serve_app(self.app(), self.host, self.port)
@@ -87,6 +102,7 @@ class EngineServer:
         return self.url
 
     async def stop(self) -> None:
+        self.hub.remove(self.engine.cfg.name)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -269,6 +285,7 @@ class EngineServer:
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
+            self.hub.changed(self.engine.cfg.name)
 
     def _prefill_for_remote_decode(self, params: dict[str, Any], prompt_ids: list[int],
                                    req: CompletionRequest | ChatCompletionRequest, rid: str | None,

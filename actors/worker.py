@@ -16,6 +16,7 @@ from typing import Any
 from actors.clock import Clock
 from actors.engine.engine import Engine
 from actors.engine.factory import build_engine
+from actors.feed import FeedHub
 from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
 from actors.server import EngineServer
@@ -59,6 +60,8 @@ class GpuWorker:
         self.engines: dict[str, Engine] = {}
         self.servers: dict[str, EngineServer] = {}
         self.connectors: dict[str, KVConnector] = {}
+        self.hub = FeedHub(self.spec.feed)
+        """One feed for every engine here: a router holds one connection to this actor, not one per engine."""
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""
@@ -83,13 +86,18 @@ class GpuWorker:
                 meta["kv_address"] = address_to_json(await connector.start())
                 self.connectors[name] = connector
             server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
-                                  disagg=self.spec.disagg)
+                                  disagg=self.spec.disagg, hub=self.hub)
             engine.start()
             url = await server.start()
             self.engines[name] = engine
             self.servers[name] = server
             out[name] = {**meta, "url": url, "num_blocks": cfg.num_blocks, "cost_model": cost.name,
                          "vocab_size": cfg.vocab_size, "block_size": cfg.block_size}
+        if self.spec.feed.per_actor and out:
+            # Every server here mounts the same hub: the first one's URL carries the whole actor's feed.
+            feed_url = next(iter(out.values()))["url"]
+            for d in out.values():
+                d["feed_url"] = feed_url
         freeze_heap()
         return out
 

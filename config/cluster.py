@@ -151,7 +151,7 @@ class RouterSpec(Frozen):
     migrate: bool = True
     """Continue a stream whose worker died mid-way on another worker."""
     health_timeout_s: PositiveFloat = 2.0
-    """A worker whose feed is silent this long (wall seconds; it beats every 50 ms) is unhealthy."""
+    """A worker whose feed is silent this long (wall seconds; it beats every ``feed.heartbeat_ms``) is unhealthy."""
     connect_timeout_s: PositiveFloat = 5.0
     """Connecting to an engine (wall seconds); past it the attempt fails and the next worker is tried."""
     read_timeout_s: PositiveFloat = 600.0
@@ -197,6 +197,20 @@ class DisaggSpec(Frozen):
     """How long a request may wait for decode KV room before the router gives up (503)."""
 
 
+class FeedSpec(Frozen):
+    """How engines push their load to routers (``actors.feed``): on change, batched per process."""
+
+    load_interval_ms: PositiveFloat = 50.0
+    """Wall ms: at most one load report per connection this often while engines change."""
+    heartbeat_ms: PositiveFloat = 500.0
+    """Wall ms: a frame on every feed connection at least this often (the router's liveness check)."""
+    per_actor: bool = True
+    """One connection per actor and router carrying all its engines; False: one per engine (the old layout)."""
+    only_changes: bool = True
+    """Send an engine's load only when it changed; False: every heartbeat carries every engine's load
+    (with ``heartbeat_ms`` 50 and ``per_actor`` off, the old behaviour, kept as a benchmark baseline)."""
+
+
 class ClusterSpec(Frozen):
     """A whole emulated fleet. Cross-field rules are checked here, each reported with its field path."""
 
@@ -212,6 +226,7 @@ class ClusterSpec(Frozen):
     router: RouterSpec = RouterSpec()
     transport: TransportSpec = TransportSpec()
     disagg: DisaggSpec = DisaggSpec()
+    feed: FeedSpec = FeedSpec()
 
     @property
     def disaggregated(self) -> bool:
@@ -294,6 +309,9 @@ class EngineInstance:
 def cross_check(spec: ClusterSpec, cat: Catalog) -> list[tuple[str, str]]:
     """Rules that span fields: references resolve, names are unique, GPUs and memory suffice."""
     problems: list[tuple[str, str]] = []
+    if 2 * spec.feed.heartbeat_ms > 1000.0 * spec.router.health_timeout_s:
+        problems.append(("feed.heartbeat_ms", f"{spec.feed.heartbeat_ms:g} ms beats too seldom for the router's "
+                                              f"health_timeout_s {spec.router.health_timeout_s:g} s (at most half)"))
     region_names = [r.name for r in spec.regions]
     for name, n in Counter(region_names).items():
         if n > 1:

@@ -132,6 +132,9 @@ class Engine:
         self.chunk_listeners: list[Callable[[Sequence, bool], None]] = []
         """Told, after each step, of every ``hold_blocks`` sequence that computed tokens in it (and
         whether it finished): how the KV connector streams a prefill's blocks as chunks complete."""
+        self.change_listeners: list[Callable[[], None]] = []
+        """Told whenever the load report may have changed (a step, an arrival, an abort, a release): the
+        feed sends load on change instead of polling every engine on a timer."""
         self.lag = LagRecorder()
         self.steps = 0
         self.busy_ms = 0.0
@@ -148,6 +151,7 @@ class Engine:
         self._hold_lease: dict[RequestId, float] = {}
         self.lease_expiries = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._reap_wake = asyncio.Event()
         self._last_start: float | None = None
         self.slowdown = 1.0
         """Fault injection (``slow_gpu``): every step takes ``slowdown`` times the cost model's time (a
@@ -199,7 +203,7 @@ class Engine:
         self._streams[rid] = stream
         self._bases[rid] = base
         self.scheduler.add(seq)
-        self._wake.set()
+        self._poke()
         return stream
 
     def _new_id(self, request_id: str | None) -> RequestId:
@@ -238,7 +242,7 @@ class Engine:
         ok = self.scheduler.release(rid)
         if ok:
             self._publish_kv_events()
-            self._wake.set()
+            self._poke()
         return ok
 
     def reserve(self, prompt_ids: list[int], max_tokens: int | None, *, request_id: str,
@@ -261,6 +265,8 @@ class Engine:
                           tuple(int(h) for h in seq.update_block_hashes(self.cfg.block_size)),
                           self.clock.now_ms() + lease_ms)
         self.reserved[rid] = (seq, res)
+        self._reap_wake.set()
+        self._poke()
         return res
 
     def cancel_reservation(self, rid: RequestId) -> bool:
@@ -269,7 +275,7 @@ class Engine:
             return False
         self.kv.free(entry[0])
         self._publish_kv_events()
-        self._wake.set()
+        self._poke()
         return True
 
     def admit_preloaded(self, rid: RequestId, first_token: int, *, ignore_eos: bool = False, seed: int = 0,
@@ -296,13 +302,36 @@ class Engine:
             return stream
         self.scheduler.waiting.appendleft(seq)
         self._publish_kv_events()
-        self._wake.set()
+        self._poke()
         return stream
 
+    def _poke(self) -> None:
+        """Wake the step loop and tell the change listeners (the feed) that the load may have changed."""
+        self._wake.set()
+        for notify in self.change_listeners:
+            notify()
+
+    def _next_lease_ms(self) -> float | None:
+        due = [res.expires_ms for _, res in self.reserved.values()]
+        due.extend(self.held_until.values())
+        return min(due) if due else None
+
     async def _reap(self) -> None:
-        """Free lapsed reservations and held prefill blocks nobody came for (leases)."""
+        """Free lapsed reservations and held prefill blocks nobody came for (leases).
+
+        Sleeps to the earliest lease's end, or on an event while there is none: an idle engine does no
+        timer work. A new lease wakes it to recompute the deadline."""
         while True:
-            await asyncio.sleep(0.05)
+            self._reap_wake.clear()
+            due = self._next_lease_ms()
+            if due is None:
+                await self._reap_wake.wait()
+                continue
+            wait_s = self.clock.to_wall_s(due - self.clock.now_ms())
+            if wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._reap_wake.wait(), wait_s)
+                continue
             now = self.clock.now_ms()
             for rid, (_, res) in list(self.reserved.items()):
                 if res.expires_ms <= now:
@@ -324,7 +353,7 @@ class Engine:
             for o in self.observers:
                 o.on_finish(self, seq)
             self._publish_kv_events()
-            self._wake.set()
+            self._poke()
 
     def _next_token(self, seq: Sequence) -> int:
         return self.outputs.token(self._bases[seq.request_id], len(seq.output_ids))
@@ -429,6 +458,8 @@ class Engine:
             o.on_step(self, step, cost, lag)
             o.on_tokens(self, outputs, end)
         self._publish_kv_events()
+        for notify in self.change_listeners:
+            notify()
 
     def _drop_unrunnable(self, now_ms: float) -> bool:
         """The head of the queue needs more blocks than the engine holds in total: finish it (length)."""
@@ -452,6 +483,7 @@ class Engine:
                 lease = self._hold_lease.pop(out.seq.request_id, None)
                 if lease is not None:
                     self.held_until[out.seq.request_id] = end_ms + lease
+                    self._reap_wake.set()
                 self._streams.pop(out.seq.request_id, None)
                 self._bases.pop(out.seq.request_id, None)
                 for o in self.observers:

@@ -96,7 +96,9 @@ class RouterServer:
                                   self.metrics.registry, max_attempts=spec.max_attempts)
                        if site.disagg is not None and {"prefill", "decode"} <= roles else None)
         self.deadlines = DeadlineSweeper(self.clock, spec.request_timeout_s * 1000.0)
-        self.feeds: dict[WorkerId, FeedClient] = {}
+        self.feeds: dict[str, FeedClient] = {}
+        """By feed URL: one connection per engine process (workers launched together share one)."""
+        self._feed_of: dict[WorkerId, str] = {}
         self._feed_session: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ class RouterServer:
         """Feeds and the deadline sweeper (the HTTP server is ``web.RouterHTTP``'s)."""
         if self.spec.index_mode == "events":
             for w in self.view.workers.values():
-                self._start_feed(w)
+                await self._start_feed(w)
         self.deadlines.start()
 
     async def stop_mechanism(self) -> None:
@@ -112,19 +114,26 @@ class RouterServer:
         for f in list(self.feeds.values()):
             await f.stop()
         self.feeds.clear()
+        self._feed_of.clear()
         if self._feed_session is not None:
             await self._feed_session.close()
             self._feed_session = None
         await self.upstream.close()
 
-    def _start_feed(self, w: WorkerInfo) -> None:
+    async def _start_feed(self, w: WorkerInfo) -> None:
         import aiohttp  # feeds are WebSockets: their own session, without the proxy's read timeout
 
         if self._feed_session is None:
             self._feed_session = aiohttp.ClientSession()
-        feed = FeedClient(w, self.chooser.index, self._feed_session, self.view.now)
-        self.feeds[w.name] = feed
-        feed.start()
+        url = str(w.extra.get("feed_url") or w.url)
+        self._feed_of[w.name] = url
+        feed = self.feeds.get(url)
+        if feed is None:
+            feed = self.feeds[url] = FeedClient(url, self.chooser.index, self._feed_session, self.view.now)
+            await feed.add(w)
+            feed.start()
+        else:
+            await feed.add(w)
 
     # -- membership --------------------------------------------------------------------------------
     async def add_worker(self, call: Call) -> Whole:
@@ -141,7 +150,7 @@ class RouterServer:
         w.breaker.threshold, w.breaker.cooldown_s = self.spec.breaker_threshold, self.spec.breaker_cooldown_s
         self.view.add(w)
         if self.spec.index_mode == "events":
-            self._start_feed(w)
+            await self._start_feed(w)
         return json_whole({"added": w.name})
 
     async def remove_worker(self, call: Call) -> Whole:
@@ -152,9 +161,13 @@ class RouterServer:
         return json_whole({"removed": name})
 
     async def _drop(self, name: WorkerId) -> None:
-        feed = self.feeds.pop(name, None)
+        url = self._feed_of.pop(name, None)
+        feed = self.feeds.get(url) if url is not None else None
         if feed is not None:
-            await feed.stop()
+            await feed.remove(name)
+            if not feed.workers:
+                del self.feeds[feed.url]
+                await feed.stop()
         self.view.remove(name)
         self.chooser.drop_worker(name)
 

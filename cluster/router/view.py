@@ -88,7 +88,7 @@ class WorkerInfo:
                           d.get("node", ""), d.get("model", ""), d.get("hardware", ""), int(d.get("tp", 1)),
                           int(d.get("vocab_size", 32000)), int(d.get("block_size", 16)),
                           num_blocks=int(d.get("num_blocks", 0)), free_blocks=int(d.get("num_blocks", 0)),
-                          extra={"kv_address": d["kv_address"]} if "kv_address" in d else {})
+                          extra={k: d[k] for k in ("kv_address", "feed_url") if k in d})
 
     def update_load(self, load: dict[str, Any], now: float) -> None:
         self.running = int(load.get("running", 0))
@@ -115,7 +115,8 @@ class WorkerInfo:
 @dataclass(frozen=True)
 class RoutingConfig:
     health_timeout_s: float = 2.0
-    """A worker whose feed is silent this long is unhealthy (the feed beats every 50 ms)."""
+    """A worker whose feed is silent this long is unhealthy (the feed beats every ``FeedSpec.heartbeat_ms``,
+    one beat per process: ``cluster.router.feed``)."""
     require_feed: bool = True
     """Without a feed (an engine that is not kvmesh), health rests on request outcomes alone."""
 

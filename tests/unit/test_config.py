@@ -127,6 +127,8 @@ BAD_CLUSTERS = [
                                               nodes__1__region="mars"), "wan", "no round-trip time"),
     ("missing nodes", {"name": "x"}, "nodes", "required field is missing"),
     ("router in a region without nodes", mutate(router={"region": "us-west-2"}), "router.region", "has no node"),
+    ("feed beats too seldom for the health check", mutate(feed={"heartbeat_ms": 1500}), "feed.heartbeat_ms",
+     "beats too seldom"),
 ]
 
 
