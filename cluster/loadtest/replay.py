@@ -82,6 +82,11 @@ class ReplayResult:
     depth: list[DepthSample] = field(default_factory=list)
     workers: list[tuple[str, str]] = field(default_factory=list)
     scrape_errors: int = 0
+    before_workers: dict[str, MetricsText] = field(default_factory=dict)
+    after_workers: dict[str, MetricsText] = field(default_factory=dict)
+    """Each worker's own page before and after (per-engine and per-process step lag)."""
+    processes: dict[str, str] = field(default_factory=dict)
+    """Worker name -> the process hosting it, when the router says (``GET /workers``' ``process``)."""
 
 
 OnDone = Callable[[RequestRecord], None]
@@ -108,9 +113,11 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
     model = await client.resolve_model(config.ready_wait_s)
     probe = TargetProbe(session, base_url, time_scale=client_config.time_scale)
     before: MetricsText | None = None
+    before_workers: dict[str, MetricsText] = {}
     if config.scrape:
         await probe.discover_workers()
-        before = probe.combined(*await probe.snapshot())
+        target_before, before_workers = await probe.snapshot()
+        before = probe.combined(target_before, before_workers)
 
     origin = time.monotonic() + START_LEAD_S
     client.origin = origin
@@ -141,12 +148,17 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
         if poller is not None:
             await poller
     end = time.monotonic()
-    after = probe.combined(*await probe.snapshot()) if config.scrape else None
+    after: MetricsText | None = None
+    after_workers: dict[str, MetricsText] = {}
+    if config.scrape:
+        target_after, after_workers = await probe.snapshot()
+        after = probe.combined(target_after, after_workers)
     order = {s.request_id: i for i, s in enumerate(specs)}
     records.sort(key=lambda r: order.get(r.request_id, len(order)))
     return ReplayResult(records=records, duration_s=max(1e-9, (end - origin) / client_config.time_scale),
                         wall_s=end - origin, model=model, before=before, after=after, depth=probe.samples,
-                        workers=probe.workers, scrape_errors=probe.errors)
+                        workers=probe.workers, scrape_errors=probe.errors, before_workers=before_workers,
+                        after_workers=after_workers, processes=dict(probe.processes))
 
 
 async def _watch_stalls(client: CompletionClient, probe: TargetProbe, grace_s: float) -> None:

@@ -240,6 +240,14 @@ def print_summary(console: Console, s: Mapping[str, Any]) -> None:
          f"{_f(lag.get('p50'), 2)} / {_f(lag.get('p99'), 2)} / {_f(lag.get('max'), 2)}"),
         ("send lag p99 (wall ms)", _f(send.get("p99"), 3)),
     ]
+    by_process = s.get("step_lag_by_process") or {}
+    if len(by_process) > 1:
+        worst = max(by_process, key=lambda p: float(by_process[p].get("p99") or 0.0))
+        rows.append(("worst process step lag p99 ms", f"{_f(by_process[worst].get('p99'), 2)} ({worst})"))
+    if s.get("engines_behind"):
+        rows.append(("engines behind", str(len(s["engines_behind"]))))
+    if s.get("suggested_time_scale") is not None:
+        rows.append(("suggested time scale", _f(s["suggested_time_scale"], 2)))
     if s.get("slo_ms"):
         rows += [("SLOs (ms)", ", ".join(f"{k}<={v:g}" for k, v in s["slo_ms"].items())),
                  ("SLO attainment", _f(s.get("slo_attainment"), 3)), ("goodput req/s", _f(s.get("request_goodput"), 3))]

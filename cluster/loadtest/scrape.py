@@ -37,6 +37,7 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 STEP_LAG = "kvmesh:step_lag_ms"
 STEP_LAG_MAX = "kvmesh:step_lag_ms_max"
+STEP_TIME = "kvmesh:step_time_ms"
 KV_TRANSFERS = "kvmesh:kv_transfers"
 KV_REAL_BOTTLENECK = "kvmesh:kv_transfer_real_bottleneck"
 RUNNING = "vllm:num_requests_running"
@@ -220,6 +221,56 @@ def router_inflight(payload: Any) -> float | None:
     return float(sum(counts)) if counts else None
 
 
+def parse_processes(payload: Any) -> dict[str, str]:
+    """Worker name -> hosting process from a ``GET /workers`` answer (its ``process`` fields; kvmesh's router
+    names an actor by its feed URL); empty when the answer carries none."""
+    items = payload.get("workers") if isinstance(payload, dict) else payload
+    if not isinstance(items, list):
+        return {}
+    return {str(w["name"]): str(w["process"]) for w in items
+            if isinstance(w, dict) and "name" in w and isinstance(w.get("process"), str)}
+
+
+def mean_step_ms(before: MetricsText | None, after: MetricsText | None) -> float | None:
+    """Mean emulated duration of the engine steps taken during the run (``kvmesh:step_time_ms``)."""
+    n = counter_delta(before, after, STEP_TIME + "_count")
+    total = counter_delta(before, after, STEP_TIME + "_sum")
+    if n is None or total is None or n <= 0:
+        return None
+    return total / n
+
+
+def lag_by_group(before: Mapping[str, MetricsText], after: Mapping[str, MetricsText],
+                 group: Mapping[str, str] | None = None) -> dict[str, dict[str, float | None]]:
+    """Step lag during the run per worker (``group`` None) or per group of workers (name -> group, e.g. the
+    hosting process: their pages summed); groups whose pages carry no step-lag histogram are left out."""
+    pages_after: dict[str, list[MetricsText]] = {}
+    pages_before: dict[str, list[MetricsText]] = {}
+    for name, page in after.items():
+        key = name if group is None else group.get(name, name)
+        pages_after.setdefault(key, []).append(page)
+        if name in before:
+            pages_before.setdefault(key, []).append(before[name])
+    out: dict[str, dict[str, float | None]] = {}
+    for key in sorted(pages_after):
+        prev = pages_before.get(key)
+        lag = step_lag(merge(prev) if prev else None, merge(pages_after[key]))
+        if lag is not None and lag.get("steps"):
+            out[key] = lag
+    return out
+
+
+def suggest_time_scale(time_scale: float, lag_p99_wall_ms: float, step_ms: float | None) -> float | None:
+    """A time scale at which the run's steps would likely have kept up (an estimate, not a guarantee).
+
+    A step of ``T`` emulated ms lasts ``time_scale * T`` wall ms; the host added ``L`` (the p99 lag) on top.
+    Stretching every step's wall time by that lag, ``time_scale' = time_scale + L / T``, gives the host the
+    wall time it took. None without a mean step time."""
+    if step_ms is None or step_ms <= 0:
+        return None
+    return time_scale + lag_p99_wall_ms / step_ms
+
+
 def parse_workers(payload: Any) -> list[tuple[str, str]]:
     """(name, base URL) of each worker in a ``GET /workers`` answer: a list of URLs, of objects with
     ``url`` (and ``name``/``id``), or an object holding such a list under ``workers``. Unknown shapes
@@ -253,6 +304,8 @@ class TargetProbe:
         self.time_scale = time_scale
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.workers: list[tuple[str, str]] = []
+        self.processes: dict[str, str] = {}
+        """Worker name -> the process hosting it (engines packed in one actor share one)."""
         self.errors = 0
         self.samples: list[DepthSample] = []
         self.origin = time.monotonic()
@@ -278,7 +331,9 @@ class TargetProbe:
             return None
 
     async def discover_workers(self) -> list[tuple[str, str]]:
-        self.workers = parse_workers(await self._workers_payload())
+        payload = await self._workers_payload()
+        self.workers = parse_workers(payload)
+        self.processes = parse_processes(payload)
         return self.workers
 
     def idle_for(self) -> float:

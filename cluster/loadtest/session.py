@@ -13,7 +13,10 @@ The summary's trust flags: ``step_lag_ms.p99`` above ``step_lag_threshold_ms`` (
 keep its own clock), the send lag p99 above ``send_lag_threshold_ms`` (the load generator could not keep
 the schedule), or more than ``transfer_bottleneck_threshold`` of KV transfers slower over the real
 transport than over the emulated link (transfer times overstate the fabric) set ``trustworthy`` false
-and add a note with the figure; the numbers are still reported.
+and add a note with the figure; the numbers are still reported. Step lag is also given per engine and per
+process (the workers' own pages; a process is what the router's ``GET /workers`` names it): a lagging run's
+note names the engines whose own p99 passed the threshold and suggests the time scale that would likely
+have kept up (``scrape.suggest_time_scale``: each step's wall time stretched by the p99 lag).
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.replay import ReplayConfig, ReplayResult, replay
 from cluster.loadtest.report import new_run_folder, plot_slo_vs_rate, print_summary, print_sweep, write_json, write_run
 from cluster.loadtest.schedule import RETIMERS, jitter_buckets, mean_rate, window
-from cluster.loadtest.scrape import prefix_hit_ratio, step_lag, transfer_bottleneck
+from cluster.loadtest.scrape import (
+    lag_by_group,
+    mean_step_ms,
+    prefix_hit_ratio,
+    step_lag,
+    suggest_time_scale,
+    transfer_bottleneck,
+)
 from cluster.loadtest.spec import RequestSpec, TraceData
 from cluster.loadtest.synthesis import PromptSynthesizer, ideal_block_hit_ratio_of_ids
 from cluster.loadtest.synthetic import DEMO_WORKLOAD
@@ -121,12 +131,25 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
     send_lag = stats([r.send_lag_wall_ms for r in result.records], (50, 99))
     send_lag["max"] = max((r.send_lag_wall_ms for r in result.records), default=None)
     trustworthy = True
+    by_engine = lag_by_group(result.before_workers, result.after_workers)
+    by_process = lag_by_group(result.before_workers, result.after_workers, result.processes)
+    behind = sorted((n for n, v in by_engine.items() if float(v.get("p99") or 0.0) > config.step_lag_threshold_ms),
+                    key=lambda n: -float(by_engine[n].get("p99") or 0.0))
+    suggested: float | None = None
     if lag is not None and lag.get("p99") is not None and float(lag["p99"] or 0.0) > config.step_lag_threshold_ms:
         trustworthy = False
         over = lag.get("steps_over_top_bucket") or 0.0
         bound = f" ({over:.0f} steps beyond the top bucket: a lower bound)" if over else ""
+        suggested = suggest_time_scale(config.client.time_scale, float(lag["p99"] or 0.0),
+                                       mean_step_ms(result.before, result.after))
+        named = ""
+        if behind:
+            shown = ", ".join(f"{n} ({float(by_engine[n].get('p99') or 0.0):.1f} ms)" for n in behind[:8])
+            named = f"; engines that fell behind: {shown}" + (f" and {len(behind) - 8} more" if len(behind) > 8 else "")
+        hint = (f"; time_scale {suggested:.2g} (now {config.client.time_scale:g}) would likely have kept up"
+                if suggested is not None else "")
         notes.append(f"the emulator lagged: step lag p99 {lag['p99']:.2f} ms{bound} > {config.step_lag_threshold_ms} "
-                     f"ms; latencies are inflated by an overloaded host")
+                     f"ms; latencies are inflated by an overloaded host{named}{hint}")
     if send_lag.get("p99") is not None and float(send_lag["p99"] or 0.0) > config.send_lag_threshold_ms:
         trustworthy = False
         notes.append(f"the load generator fell behind its schedule: send lag p99 {send_lag['p99']:.2f} wall ms "
@@ -153,6 +176,10 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
         "prefix_hit_ratio": hit,
         "client_cached_token_ratio": cached_tokens / prompt_tokens if prompt_tokens else None,
         "step_lag_ms": lag,
+        "step_lag_by_process": by_process or None,
+        "step_lag_by_engine": by_engine or None,
+        "engines_behind": behind,
+        "suggested_time_scale": suggested,
         "send_lag_wall_ms": send_lag,
         "kv_transfer_real_bottleneck": slow,
         "workers": [w for w, _ in result.workers],

@@ -185,7 +185,8 @@ class RouterServer:
 
     async def list_workers(self, call: Call) -> Whole:
         return json_whole([{
-            "name": w.name, "url": w.url, "role": w.role, "region": w.region, "node": w.node, "model": w.model,
+            "name": w.name, "url": w.url, "process": str(w.extra.get("feed_url") or w.url), "role": w.role,
+            "region": w.region, "node": w.node, "model": w.model,
             "hardware": w.hardware, "inflight": w.inflight, "sent": w.sent, "running": w.running,
             "waiting": w.waiting, "kv_usage": w.kv_usage, "free_blocks": w.free_blocks,
             "num_blocks": w.num_blocks, "prefill_backlog_tokens": w.prefill_backlog_tokens,

@@ -23,7 +23,7 @@ from cluster.loadtest.report import (
     write_json,
     write_run,
 )
-from cluster.loadtest.scrape import DepthSample, parse_metrics
+from cluster.loadtest.scrape import DepthSample, TargetProbe, parse_metrics
 from cluster.loadtest.session import build_summary
 from run_cluster import main
 from tests.unit.test_loadtest_scrape import AFTER, BEFORE
@@ -103,6 +103,48 @@ def test_summary_flags_a_real_transport_slower_than_the_emulated_link() -> None:
     assert fine["trustworthy"] is True and not any("real transport" in n for n in fine["notes"])
     assert build_summary("t", "http://x", tr, tr.requests, result(), LoadTestConfig(),
                          None)["kv_transfer_real_bottleneck"] is None
+
+
+def engine_page(engine: str, lag_counts: tuple[float, float, float], steps_ms_sum: float) -> str:
+    """One engine's page: step lag counts in buckets (<=1, <=20, beyond) and its step-time sum and count."""
+    a, b, c = lag_counts
+    n = a + b + c
+    return "\n".join([
+        "# TYPE kvmesh:step_lag_ms histogram",
+        f'kvmesh:step_lag_ms_bucket{{engine="{engine}",le="1.0"}} {a}',
+        f'kvmesh:step_lag_ms_bucket{{engine="{engine}",le="20.0"}} {a + b}',
+        f'kvmesh:step_lag_ms_bucket{{engine="{engine}",le="+Inf"}} {n}',
+        f'kvmesh:step_lag_ms_count{{engine="{engine}"}} {n}',
+        f'kvmesh:step_lag_ms_sum{{engine="{engine}"}} 0',
+        "# TYPE kvmesh:step_time_ms histogram",
+        f'kvmesh:step_time_ms_bucket{{engine="{engine}",le="+Inf"}} {n}',
+        f'kvmesh:step_time_ms_count{{engine="{engine}"}} {n}',
+        f'kvmesh:step_time_ms_sum{{engine="{engine}"}} {steps_ms_sum}']) + "\n"
+
+
+def test_a_lagging_run_names_the_engines_behind_per_process_and_suggests_a_time_scale() -> None:
+    tr = trace()
+    zero = {n: parse_metrics(engine_page(n, (0, 0, 0), 0)) for n in ("a", "b", "c")}
+    after = {"a": parse_metrics(engine_page("a", (100, 0, 0), 2000)),   # on time
+             "b": parse_metrics(engine_page("b", (0, 100, 0), 2000)),   # ~20 ms late at p99
+             "c": parse_metrics(engine_page("c", (50, 50, 0), 2000))}   # half late
+    res = result()
+    res.before = TargetProbe.combined(None, zero)
+    res.after = TargetProbe.combined(None, after)
+    res.before_workers, res.after_workers = zero, after
+    res.processes = {"a": "p0", "b": "p0", "c": "p1"}
+    s = build_summary("t", "http://x", tr, tr.requests, res, LoadTestConfig(step_lag_threshold_ms=5.0), None)
+    assert s["trustworthy"] is False
+    assert s["engines_behind"] == ["b", "c"]
+    assert set(s["step_lag_by_process"]) == {"p0", "p1"}
+    assert s["step_lag_by_process"]["p0"]["steps"] == 200
+    assert s["step_lag_by_engine"]["a"]["p99"] == pytest.approx(0.99)
+    # mean step 20 emulated ms, p99 lag ~19.8 wall ms at time scale 1: about 2x slower would have kept up
+    assert s["suggested_time_scale"] == pytest.approx(1.0 + s["step_lag_ms"]["p99"] / 20.0)
+    note = next(n for n in s["notes"] if "emulator lagged" in n)
+    assert "engines that fell behind: b (" in note and "time_scale 2" in note
+    calm = build_summary("t", "http://x", tr, tr.requests, res, LoadTestConfig(step_lag_threshold_ms=50.0), None)
+    assert calm["trustworthy"] is True and calm["engines_behind"] == [] and calm["suggested_time_scale"] is None
 
 
 def test_run_folder_holds_summary_records_timeseries_and_plots(tmp_path: Path) -> None:
