@@ -1,0 +1,116 @@
+"""A chaos run: replay a trace against a launched cluster while a fault schedule plays, then check it.
+
+``run_chaos`` starts the load test (``cluster.loadtest.session.run_loadtest``, with token recording on)
+and, once the replay has fixed its origin (emulated time 0), carries out the schedule's actions
+(``cluster.chaos.injectors.plan_actions``) at their emulated times on that same timeline, each Ray call
+off the event loop. Every action is logged with its planned and actual emulated time (``events.jsonl``).
+After the replay it waits (bounded) for the surviving engines to go idle, writes ``chaos_context.json``
+(what the history checker needs: ids sent, vocabulary, regions, loads after, dead engines), runs the
+checker (``checker.json``), measures each event's impact (``cluster.chaos.impact``) and writes
+``chaos.json``: the load test's summary, the event log, the per-event figures and the checker's verdict.
+
+Failure behaviour: an unsupported event or one naming an unknown engine/node fails before the replay
+starts; an action that raises is logged with its error and the run goes on (the checker then judges
+what happened); actions due after the replay ended are logged as ``not_reached``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.chaos.checker import CONTEXT_FILE, check_folder
+from cluster.chaos.impact import event_impact
+from cluster.chaos.injectors import Action, RayClusterControl, plan_actions
+from cluster.chaos.schedule import FaultSchedule
+from cluster.loadtest.report import write_json
+from cluster.loadtest.session import LoadTestConfig, run_loadtest
+from cluster.loadtest.spec import TraceData
+
+EVENTS_FILE = "events.jsonl"
+CHECKER_FILE = "checker.json"
+CHAOS_FILE = "chaos.json"
+
+
+async def _play(actions: list[Action], control: RayClusterControl, origin: asyncio.Future[float],
+                time_scale: float, log: list[dict[str, Any]], done: asyncio.Event) -> None:
+    t0 = await origin
+    for a in actions:
+        due = t0 + a.at_s * time_scale
+        delay = due - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), delay)
+        entry: dict[str, Any] = {"at_s": a.at_s, "event_index": a.event_index, "kind": a.kind, "what": a.what}
+        if done.is_set():
+            log.append({**entry, "outcome": "not_reached"})
+            continue
+        entry["actual_s"] = round((time.monotonic() - t0) / time_scale, 4)
+        try:
+            dead = await asyncio.to_thread(a.do, control)
+            log.append({**entry, "outcome": "done", "killed": dead})
+        except Exception as e:  # a failed injection is data for the report, not the end of the run
+            log.append({**entry, "outcome": "error", "error": f"{type(e).__name__}: {e}"})
+
+
+def _settle(control: RayClusterControl, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Surviving engines' loads once idle with every block free, or the last loads seen at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loads = control.alive_loads()
+        if all(v["free_blocks"] == v["num_blocks"] and v["running"] == 0 for v in loads.values()):
+            return loads
+        if time.monotonic() >= deadline:
+            return loads
+        time.sleep(0.1)
+
+
+async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, config: LoadTestConfig,
+                    folder: Path, *, window_s: float = 10.0, settle_s: float = 10.0) -> dict[str, Any]:
+    """Run the load test with the schedule playing against ``handle``'s cluster; return ``chaos.json``."""
+    actions = plan_actions(schedule)
+    nodes = {str(d.get("node")) for d in handle.engines.values()}
+    schedule.check_against(handle.engines, nodes)
+    folder.mkdir(parents=True, exist_ok=True)
+    origin: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    def on_origin(t: float) -> None:  # called on this loop by the replay
+        if not origin.done():
+            origin.set_result(t)
+
+    config = dataclasses.replace(
+        config, replay=dataclasses.replace(config.replay, on_origin=on_origin),
+        client=dataclasses.replace(config.client, record_tokens=True), rates=())
+    control = RayClusterControl(handle)
+    log: list[dict[str, Any]] = []
+    done = asyncio.Event()
+    player = asyncio.create_task(_play(actions, control, origin, config.client.time_scale, log, done))
+    try:
+        result = await run_loadtest(handle.router_url, trace, config, out_root=None, folder=folder)
+    finally:
+        done.set()
+        if not origin.done():
+            origin.set_result(time.monotonic())
+        await player
+    (folder / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in log))
+    after = await asyncio.to_thread(_settle, control, settle_s)
+    run = result.runs[0]
+    vocab = sorted({int(d["vocab_size"]) for d in handle.engines.values() if "vocab_size" in d})
+    context = {"sent_ids": [str(s.request_id) for s in run.specs], "vocab_size": vocab[0] if len(vocab) == 1 else None,
+               "seed": 0, "engine_regions": {n: d.get("region") for n, d in handle.engines.items()},
+               "engines_after": after, "dead_engines": sorted(control.dead)}
+    write_json(folder / CONTEXT_FILE, context)
+    report = check_folder(folder)
+    write_json(folder / CHECKER_FILE, report.to_json())
+    impacts = [event_impact(e, i, run.result.records, window_s=window_s) for i, e in enumerate(schedule.events)]
+    summary = {"chaos": True, "schedule": schedule.name, "events": log, "impact": impacts,
+               "checker": {k: v for k, v in report.to_json().items() if k != "violations"}
+               | {"violations": report.to_json()["violations"][:50]},
+               "dead_engines": sorted(control.dead), "loadtest": result.summary, "folder": str(folder)}
+    write_json(folder / CHAOS_FILE, summary)
+    return summary
