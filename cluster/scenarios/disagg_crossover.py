@@ -29,6 +29,7 @@ import aiohttp
 
 from actors.cost_model import CostModel, EmpiricalCostModel, RooflineCostModel, request_colocated, request_disaggregated
 from cluster.launch import ClusterHandle, launch
+from cluster.loadtest.scrape import MetricsText, merge, parse_metrics, transfer_bottleneck
 from cluster.scenarios import Scenario, register_scenario
 from config import ClusterSpec, default_catalog
 
@@ -80,14 +81,15 @@ def colocated_spec(case: Case, scale: float, replicas: int = 1) -> ClusterSpec:
         "router": {"policy": "least_loaded"}})
 
 
-def pd_spec(case: Case, link: str, scale: float, handoff: str, payload_scale: float) -> ClusterSpec:
+def pd_spec(case: Case, link: str, scale: float, handoff: str, payload_scale: float,
+            backend: str = "tcp") -> ClusterSpec:
     return ClusterSpec.model_validate({
         "name": f"xover-pd-{link}-{handoff}", "time_scale": scale,
         "nodes": [{"name": "np", "region": "local", "hardware": case.hardware, "gpus": case.tp, "nic": link,
                    "engines": [_engine("p", "prefill", case)]},
                   {"name": "nd", "region": "local", "hardware": case.hardware, "gpus": case.tp, "nic": link,
                    "engines": [_engine("d", "decode", case)]}],
-        "transport": {"backend": "tcp", "kv_payload_scale": payload_scale},
+        "transport": {"backend": backend, "kv_payload_scale": payload_scale},
         "disagg": {"hand_off": handoff, "min_uncached_tokens": 0, "decode_prefix_fraction": 1.0,
                    "transfer_timeout_ms": 600_000},
         "router": {"policy": "least_loaded"}})
@@ -126,6 +128,57 @@ def measure(h: ClusterHandle, prompts: tuple[int, ...], output: int, scale: floa
         out[n] = {"ttft_ms": ms[0], "e2e_ms": ms[-1], "transfer_ms": max(0.0, gaps[0] - step) if gaps else 0.0,
                   "tokens": float(len(ms))}
     return out
+
+
+def engine_metrics(h: ClusterHandle) -> MetricsText | None:
+    """Every engine's ``/metrics`` page, summed (None when one cannot be read)."""
+
+    async def main() -> list[str]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            pages = []
+            for url in h.engine_urls.values():
+                async with s.get(url + "/metrics") as r:
+                    pages.append(await r.text())
+            return pages
+
+    try:
+        return merge([parse_metrics(t) for t in asyncio.run(main())])
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def ucx_missing() -> str | None:
+    """Why the ucx backend cannot run here, or None."""
+    try:
+        import ucxx  # noqa: F401
+    except Exception as e:  # the optional extra missing, or its native libraries failing to load
+        return f"ucxx unavailable: {type(e).__name__}: {e}"
+    return None
+
+
+def ucx_rows(case: Case, prompts: tuple[int, ...], output: int, time_scale: float, payload_scale: float,
+             seed: int) -> dict[str, Any]:
+    """1P1D over the case's RDMA link with the real bytes on the ucx backend: the isolated rows, and how
+    many KV transfers the engines flagged "real transport was the bottleneck" (real transfer slower than
+    the emulated link) during them."""
+    why = ucx_missing()
+    if why is not None:
+        return {"skipped": why}
+    with launch(pd_spec(case, case.rdma, time_scale, "push", payload_scale, backend="ucx")) as h:
+        before = engine_metrics(h)
+        got = measure(h, prompts, output, time_scale, case.vocab(), seed)
+        flagged = transfer_bottleneck(before, engine_metrics(h))
+    rows = []
+    for n in prompts:
+        pred = predict(case, n, output, "rdma", "push")
+        rows.append({"mode": "rdma-ucx", "handoff": "push", "prompt": n, "ttft_time_scale": time_scale,
+                     "predicted": {k: round(v, 2) for k, v in pred.items()},
+                     "measured": {k: round(v, 2) for k, v in got[n].items() if k != "tokens"},
+                     "error": {k: round(got[n][k] / pred[k] - 1.0, 4) if pred[k] > 0 else None
+                               for k in ("ttft_ms", "transfer_ms", "e2e_ms")}})
+    return {"link": case.rdma, "backend": "ucx", "rows": rows,
+            "transfers": None if flagged is None else int(flagged["transfers"]),
+            "flagged_real_bottleneck": None if flagged is None else int(flagged["real_bottleneck"])}
 
 
 def predict(case: Case, n: int, output: int, mode: str, handoff: str) -> dict[str, float]:
@@ -192,11 +245,13 @@ def load_sweep(case: Case, rates: tuple[float, ...], prompt: int, output: int, r
 def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload_scale: float = 1 / 1024,
         fine_time_scale: float = 100.0, seed: int = 0, profiles: tuple[str, ...] | None = None, load: bool = True,
         rates: tuple[float, ...] = (1.0, 2.0, 3.0), load_requests: int = 24, load_time_scale: float = 2.0,
-        progress: Any = None, checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        ucx: bool = True, progress: Any = None,
+        checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The sweep (see the module docstring). ``time_scale`` slows the isolated requests so that the
     real HTTP hops stay small in emulated time; rows with a short TTFT measure TTFT and transfer once more
     at ``fine_time_scale`` (a few output tokens, so it stays quick); the load sweep runs at
-    ``load_time_scale``.
+    ``load_time_scale``. With ``ucx``, the first profile also runs 1P1D over its RDMA link with the ucx
+    backend (``ucx`` in its entry: rows, and transfers flagged "real transport was the bottleneck").
     ``checkpoint`` gets the result so far after each profile's part (so a long run leaves something)."""
     say = progress or (lambda m: None)
     prompts = QUICK_PROMPTS if quick else PROMPTS
@@ -250,6 +305,9 @@ def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload
                                               "push_e2e_ms": round(measured["tcp"][n]["e2e_ms"], 2),
                                               "pull_e2e_ms": round(measured["tcp-pull"][n]["e2e_ms"], 2)}
                                      for n in prompts}
+        if ucx and case is cases[0]:
+            say(f"{case.label}: 1P1D over {case.rdma} on the ucx backend")
+            entry["ucx"] = ucx_rows(case, prompts, output, time_scale, payload_scale, seed)
         if load and case is cases[0]:
             say(f"{case.label}: rate sweep {rates} req/s, colocated x2 against 1P1D")
             result["profiles"].append(entry)
