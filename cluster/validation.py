@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from actors.cost_model import CostModel, RooflineCostModel
 from actors.engine.factory import build_engine
 from actors.engine.virtual import ClosedLoop, RunResult, VirtualDriver
 from config.catalog import Catalog
@@ -264,6 +265,8 @@ class CaseResult:
     case: Case
     ttft_ms: float
     tpot_ms: float
+    ttft_queue_ms: float
+    """TTFT's part spent before the request was first scheduled (same weighting as ``ttft_ms``)."""
     steps: int
     preemptions: int
     num_blocks: int
@@ -290,9 +293,18 @@ def aiperf_mean(values: list[float], concurrency: int, rounds: int = AIPERF_ROUN
     return (statistics.fmean(burst) + (rounds - 1) * statistics.fmean(steady)) / rounds
 
 
+def with_benchmark_graphs(cost: CostModel, concurrency: int) -> CostModel:
+    """The benchmark server's CUDA graphs: ``cudagraph_capture_sizes`` 1..C (module docstring), so a decode
+    batch is never padded and any step above C tokens runs eagerly. Only a roofline model has graphs."""
+    if isinstance(cost, RooflineCostModel) and cost.capture:
+        cost.capture = tuple(range(1, concurrency + 1))
+    return cost
+
+
 def run_case(case: Case, rounds: int = DEFAULT_ROUNDS, catalog: Catalog | None = None) -> CaseResult:
     inst = case.spec.engines(catalog)[0]
     cfg, cost = build_engine(inst)
+    cost = with_benchmark_graphs(cost, case.concurrency)
     row = case.row
     t0 = time.perf_counter()
     result: RunResult = VirtualDriver(cfg, cost).run(
@@ -300,7 +312,8 @@ def run_case(case: Case, rounds: int = DEFAULT_ROUNDS, catalog: Catalog | None =
     wall = time.perf_counter() - t0
     recs = result.records
     return CaseResult(case, aiperf_mean([r.ttft_ms for r in recs], case.concurrency),
-                      aiperf_mean([r.tpot_ms for r in recs], case.concurrency), result.steps,
+                      aiperf_mean([r.tpot_ms for r in recs], case.concurrency),
+                      aiperf_mean([r.queue_ms for r in recs], case.concurrency), result.steps,
                       result.preemptions, cfg.num_blocks, cost.name, wall)
 
 

@@ -58,6 +58,8 @@ class RequestRecord:
 
     index: int
     arrival_ms: float
+    first_scheduled_ms: float
+    """Start of the first step that computed any of the request's prompt."""
     first_token_ms: float
     last_token_ms: float
     output_tokens: int
@@ -66,6 +68,16 @@ class RequestRecord:
     @property
     def ttft_ms(self) -> float:
         return self.first_token_ms - self.arrival_ms
+
+    @property
+    def queue_ms(self) -> float:
+        """TTFT's wait before the engine first scheduled the request (queue, and async scheduling's step)."""
+        return self.first_scheduled_ms - self.arrival_ms
+
+    @property
+    def prefill_ms(self) -> float:
+        """TTFT's rest: from the first scheduled step's start to the end of the step that emitted the token."""
+        return self.first_token_ms - self.first_scheduled_ms
 
     @property
     def tpot_ms(self) -> float:
@@ -118,12 +130,14 @@ class VirtualDriver:
         self._streams: dict[RequestId, RequestStream] = {}
         self._index: dict[RequestId, int] = {}
         self._records: list[RequestRecord] = []
+        self._first_scheduled: dict[RequestId, float] = {}
         self._load: ClosedLoop | None = None
         self._sent = 0
 
     # -- EngineObserver ----------------------------------------------------------------------------
     def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None:
-        pass
+        for seq, _ in step.items:
+            self._first_scheduled.setdefault(seq.request_id, step.start_ms)
 
     def on_tokens(self, engine: Engine, outputs: list[TokenOutput], end_ms: float) -> None:
         for out in outputs:  # nobody reads the streams: drain them so they hold no history
@@ -134,10 +148,11 @@ class VirtualDriver:
     def on_finish(self, engine: Engine, seq: Sequence) -> None:
         self._streams.pop(seq.request_id, None)
         index = self._index.pop(seq.request_id)
+        first_scheduled = self._first_scheduled.pop(seq.request_id, seq.arrival_ms)
         if seq.first_token_ms is None or seq.last_token_ms is None:
             raise VirtualRunStuck(f"request {index} finished without a token ({seq.finish_reason})")
-        self._records.append(RequestRecord(index, seq.arrival_ms, seq.first_token_ms, seq.last_token_ms,
-                                           len(seq.output_ids), seq.num_preemptions))
+        self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, seq.first_token_ms,
+                                           seq.last_token_ms, len(seq.output_ids), seq.num_preemptions))
         self._send(seq.last_token_ms)
 
     # -- running -----------------------------------------------------------------------------------

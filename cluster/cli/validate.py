@@ -53,7 +53,8 @@ def _row_json(r: CaseResult) -> dict[str, object]:
     return {"id": row.id, "model": r.case.model, "hardware": r.case.hardware, "tp": r.case.tp,
             "concurrency": r.case.concurrency, "isl": row.isl, "osl": row.osl, "vllm": row.backend_version,
             "ttft_measured_ms": round(row.silicon_ttft_ms, 3), "ttft_predicted_ms": round(r.ttft_ms, 3),
-            "ttft_error": round(r.ttft_error, 4), "tpot_measured_ms": round(row.silicon_tpot_ms, 4),
+            "ttft_error": round(r.ttft_error, 4), "ttft_queue_ms": round(r.ttft_queue_ms, 3),
+            "tpot_measured_ms": round(row.silicon_tpot_ms, 4),
             "tpot_predicted_ms": round(r.tpot_ms, 4), "tpot_error": round(r.tpot_error, 4),
             "kv_blocks": r.num_blocks, "preemptions": r.preemptions, "steps": r.steps,
             "wall_s": round(r.wall_s, 3)}
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(r: CaseResult) -> None:
         row = r.case.row
-        print(f"  {row.id}: TTFT {r.ttft_ms:,.1f} vs {row.silicon_ttft_ms:,.1f} ms ({_pct(r.ttft_error)}), "
+        print(f"  {row.id}: TTFT {r.ttft_ms:,.1f} (queued {r.ttft_queue_ms:,.1f}) vs {row.silicon_ttft_ms:,.1f} ms "
+              f"({_pct(r.ttft_error)}), "
               f"TPOT {r.tpot_ms:.2f} vs {row.silicon_tpot_ms:.2f} ms ({_pct(r.tpot_error)}) "
               f"[{r.wall_s:.1f} s]", file=sys.stderr, flush=True)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.cost_model import RooflineCostModel
+from actors.engine.factory import build_engine
 from cluster.validation import (
     SiliconRow,
     aiperf_mean,
@@ -16,6 +18,7 @@ from cluster.validation import (
     resolve,
     sample,
     validate,
+    with_benchmark_graphs,
 )
 from config.catalog import default_catalog
 from config.cluster import EngineGroupSpec
@@ -146,3 +149,12 @@ def test_cli_skips_when_the_table_is_absent(tmp_path: Path, capsys: pytest.Captu
     assert main(["validate", "--csv", str(tmp_path / "none.csv"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["skipped"] is True and "absent" in doc["reason"]
+
+
+def test_rows_run_with_the_benchmarks_cuda_graph_sizes(tmp_path: Path) -> None:
+    cases, _ = resolve(read_rows(write_csv(tmp_path / "s.csv", ROWS[:1])), default_catalog())
+    _, cost = build_engine(cases[0].spec.engines(default_catalog())[0])
+    assert isinstance(cost, RooflineCostModel)
+    assert with_benchmark_graphs(cost, 5) is cost and cost.capture == (1, 2, 3, 4, 5)
+    res = validate(write_csv(tmp_path / "s.csv", ROWS[:1]), default_catalog(), rounds=2)
+    assert 0.0 <= res.results[0].ttft_queue_ms < res.results[0].ttft_ms

@@ -61,3 +61,13 @@ def test_a_request_outgrowing_the_cache_ends_early_instead_of_hanging() -> None:
     res = driver(blocks=8, budget=64).run(ClosedLoop(1, 1, input_len=100, output_len=100))
     (rec,) = res.records
     assert 1 <= rec.output_tokens < 100
+
+
+def test_ttft_splits_into_queue_wait_and_prefill() -> None:
+    # Budget 100: the burst's four 100-token prompts are prefilled one per step (2 ms each), so the k-th
+    # waits k steps before it is first scheduled; each one's own prefill takes one step.
+    res = driver(budget=100).run(ClosedLoop(4, 4, input_len=100, output_len=2))
+    assert [r.queue_ms for r in res.records] == pytest.approx([0.0, 2.0, 4.0, 6.0], abs=1.5)
+    for r in res.records:
+        assert r.queue_ms + r.prefill_ms == pytest.approx(r.ttft_ms)
+        assert r.arrival_ms <= r.first_scheduled_ms < r.first_token_ms
