@@ -17,9 +17,13 @@ from aiconfigurator's generator (github.com/ai-dynamo/aiconfigurator at 095f58a5
 What this module assumes beyond that (the table does not say): the deployment's other settings are
 vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16); the synthetic prompts share no prefix
 (prefix caching off); no ramp-up; after the opening burst the loop reaches a steady state; a client
-sends its next request the instant its previous one ended (no client-side gap). Simulating 20 rounds
-of C requests per row would take hours for the whole table, so ``rounds`` rounds are run and the means
-are extrapolated to aiperf's 20: the first round's requests (the burst) weigh 1/20, the rest 19/20.
+sends its next request the instant its previous one ended (no client-side gap). aiperf's 20 rounds of
+C requests are simulated until the loop reaches its steady state (``SteadyState``: two consecutive
+complete rounds after the burst whose mean TTFT and TPOT agree within 1%), at most ``rounds`` rounds;
+rounds not simulated take the last complete round's means. The transient after the burst lasts several
+rounds (70B fp8 on 4 H200s, C 8, 8192/1024: round means 1630, 723, 619, 619 ... ms), so a fixed two or
+three rounds extrapolated overstated TTFT by up to 15% on such rows and misjudged TPOT where the
+prefill train drifts for many rounds (8B fp8, C 32, 4000/100: TTFT still falling at round 16).
 
 A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
 id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
@@ -46,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from actors.cost_model import CostModel, RooflineCostModel
 from actors.engine.factory import build_engine
-from actors.engine.virtual import ClosedLoop, RunResult, VirtualDriver
+from actors.engine.virtual import ClosedLoop, RequestRecord, RunResult, VirtualDriver
 from config.catalog import Catalog
 from config.cluster import ClusterSpec, EngineGroupSpec
 from config.errors import ConfigError
@@ -56,8 +60,10 @@ DEFAULT_CSV = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm
 
 AIPERF_ROUNDS = 20
 """aiperf's ``--num-requests`` is 20 x the concurrency in aiconfigurator's benchmark script."""
-DEFAULT_ROUNDS = 3
-QUICK_ROUNDS = 2
+DEFAULT_ROUNDS = AIPERF_ROUNDS
+QUICK_ROUNDS = 8
+STEADY_TOLERANCE = 0.01
+"""Two consecutive rounds whose mean TTFT and TPOT differ by less than this are the steady state."""
 QUICK_PER_GROUP = 5
 BATCHED_TOKENS_SLACK = 1500
 """aiconfigurator's vLLM benchmark rule: max_num_batched_tokens = batch size + isl + 1500."""
@@ -283,14 +289,48 @@ class CaseResult:
 
 
 def aiperf_mean(values: list[float], concurrency: int, rounds: int = AIPERF_ROUNDS) -> float:
-    """Mean over aiperf's ``rounds`` x C requests from fewer simulated ones (module docstring).
+    """Mean over aiperf's ``rounds`` x C requests from the simulated complete rounds (module docstring).
 
-    ``values`` are per request in send order; the first C are the burst, the rest the steady state.
+    ``values`` are per request in send order: round k is ``values[k C : (k + 1) C]``, round 0 the burst.
+    A trailing incomplete round is ignored; rounds not simulated take the last complete round's mean.
     """
-    burst, steady = values[:concurrency], values[concurrency:]
-    if not steady:
-        return statistics.fmean(burst)
-    return (statistics.fmean(burst) + (rounds - 1) * statistics.fmean(steady)) / rounds
+    complete = max(1, len(values) // concurrency)
+    means = [statistics.fmean(values[k * concurrency:(k + 1) * concurrency]) for k in range(complete)][:rounds]
+    return (sum(means) + (rounds - len(means)) * means[-1]) / rounds
+
+
+class SteadyState:
+    """``VirtualDriver.run``'s ``enough``: True once two consecutive complete rounds after the burst have
+    mean TTFT and TPOT within ``tolerance`` of each other.
+
+    Incremental: each call reads only the records finished since the last one (the driver appends them
+    in finish order), so a run of n requests costs O(n) here.
+    """
+
+    def __init__(self, concurrency: int, tolerance: float = STEADY_TOLERANCE) -> None:
+        self.concurrency = concurrency
+        self.tolerance = tolerance
+        self._seen = 0
+        self._count: dict[int, int] = defaultdict(int)
+        self._sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._complete: list[tuple[float, float]] = []
+        """(mean TTFT, mean TPOT) of rounds 0, 1, ... while each is complete, in order."""
+
+    def __call__(self, records: list[RequestRecord]) -> bool:
+        for r in records[self._seen:]:
+            k = r.index // self.concurrency
+            self._count[k] += 1
+            sums = self._sums[k]
+            sums[0] += r.ttft_ms
+            sums[1] += r.tpot_ms
+        self._seen = len(records)
+        while self._count.get(len(self._complete), 0) == self.concurrency:
+            ttft, tpot = self._sums[len(self._complete)]
+            self._complete.append((ttft / self.concurrency, tpot / self.concurrency))
+        if len(self._complete) < 3:  # the burst and two rounds after it
+            return False
+        (t0, p0), (t1, p1) = self._complete[-2], self._complete[-1]
+        return abs(t1 - t0) <= self.tolerance * t0 and abs(p1 - p0) <= self.tolerance * max(p0, 1e-9)
 
 
 def with_benchmark_graphs(cost: CostModel, concurrency: int) -> CostModel:
@@ -308,7 +348,7 @@ def run_case(case: Case, rounds: int = DEFAULT_ROUNDS, catalog: Catalog | None =
     row = case.row
     t0 = time.perf_counter()
     result: RunResult = VirtualDriver(cfg, cost).run(
-        ClosedLoop(case.concurrency, rounds * case.concurrency, row.isl, row.osl))
+        ClosedLoop(case.concurrency, rounds * case.concurrency, row.isl, row.osl), SteadyState(case.concurrency))
     wall = time.perf_counter() - t0
     recs = result.records
     return CaseResult(case, aiperf_mean([r.ttft_ms for r in recs], case.concurrency),

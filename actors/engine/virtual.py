@@ -20,6 +20,7 @@ refuses at submission raises the engine's ``EngineError``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from actors.clock import Clock
@@ -133,6 +134,7 @@ class VirtualDriver:
         self._first_scheduled: dict[RequestId, float] = {}
         self._load: ClosedLoop | None = None
         self._sent = 0
+        self._enough: Callable[[list[RequestRecord]], bool] | None = None
 
     # -- EngineObserver ----------------------------------------------------------------------------
     def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None:
@@ -160,6 +162,8 @@ class VirtualDriver:
         load = self._load
         if load is None or self._sent >= load.num_requests:
             return
+        if self._enough is not None and self._enough(self._records):
+            return
         i = self._sent
         self._sent += 1
         stream = self.engine.submit(load.prompt(i, self.engine.cfg.vocab_size), load.output_len,
@@ -167,9 +171,14 @@ class VirtualDriver:
         self._streams[stream.request_id] = stream
         self._index[stream.request_id] = i
 
-    def run(self, load: ClosedLoop) -> RunResult:
-        """Run ``load`` to completion; records sorted by request index."""
+    def run(self, load: ClosedLoop, enough: Callable[[list[RequestRecord]], bool] | None = None) -> RunResult:
+        """Run ``load`` to completion; records sorted by request index.
+
+        ``enough``: asked with the records finished so far (in finish order) before each further request
+        is sent; once it says True, no more are sent and the run ends when those in flight finished.
+        """
         self._load = load
+        self._enough = enough
         self._records = []
         self._sent = 0
         for _ in range(min(load.concurrency, load.num_requests)):

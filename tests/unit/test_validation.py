@@ -9,8 +9,10 @@ import pytest
 
 from actors.cost_model import RooflineCostModel
 from actors.engine.factory import build_engine
+from actors.engine.virtual import RequestRecord
 from cluster.validation import (
     SiliconRow,
+    SteadyState,
     aiperf_mean,
     derived_model_name,
     engine_tp,
@@ -104,6 +106,30 @@ def test_a_bad_cell_is_named_by_line_and_column(tmp_path: Path) -> None:
 def test_aiperf_mean_weighs_the_burst_as_one_round_in_twenty() -> None:
     assert aiperf_mean([10.0, 10.0, 1.0, 1.0, 1.0, 1.0], 2) == pytest.approx((10 + 19 * 1) / 20)
     assert aiperf_mean([4.0, 6.0], 2) == pytest.approx(5.0)
+
+
+def test_aiperf_mean_fills_unsimulated_rounds_with_the_last_complete_one() -> None:
+    # Rounds: burst 10, then 4, then 2; a trailing half round (99) is ignored; 17 rounds take 2.
+    assert aiperf_mean([10.0, 10.0, 4.0, 4.0, 2.0, 2.0, 99.0], 2) == pytest.approx((10 + 4 + 2 + 17 * 2) / 20)
+    assert aiperf_mean([1.0] * 2 + [3.0] * 40, 2, rounds=20) == pytest.approx((1 + 19 * 3) / 20)
+
+
+def _rec(index: int, ttft: float, tpot: float) -> RequestRecord:
+    return RequestRecord(index, 0.0, 0.0, ttft, ttft + tpot * 9, 10, 0)
+
+
+def test_steady_state_needs_two_matching_rounds_after_the_burst() -> None:
+    done: list[RequestRecord] = []
+    steady = SteadyState(2)
+    rounds = [(50.0, 5.0), (20.0, 5.0), (12.0, 5.0), (12.05, 5.0)]
+    answers = []
+    for k, (ttft, tpot) in enumerate(rounds):
+        done.append(_rec(2 * k + 1, ttft, tpot))  # out of order within the round
+        answers.append(steady(done))
+        done.append(_rec(2 * k, ttft, tpot))
+        answers.append(steady(done))
+    # Not before round 3 is complete (burst 50, then 20 vs 12 differ); then 12 vs 12.05 is within 1%.
+    assert answers == [False] * 7 + [True]
 
 
 def test_quick_samples_a_few_rows_per_group(tmp_path: Path) -> None:

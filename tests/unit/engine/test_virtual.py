@@ -7,7 +7,7 @@ import pytest
 from actors.cost_model import StepShape, StepTime
 from actors.engine.engine import EngineConfig
 from actors.engine.scheduler import SchedulerLimits
-from actors.engine.virtual import ClosedLoop, ManualTime, VirtualDriver, virtual_clock
+from actors.engine.virtual import ClosedLoop, ManualTime, RequestRecord, VirtualDriver, virtual_clock
 
 
 class Fixed:
@@ -71,3 +71,17 @@ def test_ttft_splits_into_queue_wait_and_prefill() -> None:
     for r in res.records:
         assert r.queue_ms + r.prefill_ms == pytest.approx(r.ttft_ms)
         assert r.arrival_ms <= r.first_scheduled_ms < r.first_token_ms
+
+
+def test_enough_stops_sending_and_lets_requests_in_flight_finish() -> None:
+    seen: list[int] = []
+
+    def enough(done: list[RequestRecord]) -> bool:
+        seen.append(len(done))
+        return len(done) >= 3
+
+    res = driver().run(ClosedLoop(2, 100, input_len=32, output_len=4), enough)
+    # Two go out at once; each finish sends the next until three have finished; the one then in flight
+    # still finishes.
+    assert 3 <= len(res.records) <= 4 and all(r.output_tokens == 4 for r in res.records)
+    assert seen and seen[-1] >= 3
