@@ -98,10 +98,15 @@ class ClosedLoop:
     num_requests: int
     input_len: int
     output_len: int
+    burst_gap_ms: float = 0.0
+    """The opening burst's client k arrives at ``k x burst_gap_ms`` (a server hands simultaneous requests
+    to its engine one after another); later requests go out when their client's previous one ended."""
 
     def __post_init__(self) -> None:
         if min(self.concurrency, self.num_requests, self.input_len, self.output_len) < 1:
             raise ValueError("concurrency, num_requests, input_len and output_len must be at least 1")
+        if self.burst_gap_ms < 0:
+            raise ValueError("burst_gap_ms must not be negative")
 
     def prompt(self, index: int, vocab_size: int) -> list[int]:
         """A distinct prompt per request: token ids from ``index`` upwards, wrapped into the vocabulary."""
@@ -181,8 +186,8 @@ class VirtualDriver:
         self._enough = enough
         self._records = []
         self._sent = 0
-        for _ in range(min(load.concurrency, load.num_requests)):
-            self._send(0.0)
+        for k in range(min(load.concurrency, load.num_requests)):
+            self._send(k * load.burst_gap_ms)
         eng = self.engine
         sched = eng.scheduler
         prev_end: float | None = None

@@ -85,3 +85,15 @@ def test_enough_stops_sending_and_lets_requests_in_flight_finish() -> None:
     # still finishes.
     assert 3 <= len(res.records) <= 4 and all(r.output_tokens == 4 for r in res.records)
     assert seen and seen[-1] >= 3
+
+
+def test_a_burst_gap_lets_the_idle_engine_start_with_the_first_request_alone() -> None:
+    together = driver().run(ClosedLoop(3, 3, input_len=32, output_len=4))
+    spread = driver().run(ClosedLoop(3, 3, input_len=32, output_len=4, burst_gap_ms=0.1))
+    assert len({r.first_token_ms for r in together.records}) == 1  # one shared prefill step
+    first, *rest = spread.records
+    assert first.first_scheduled_ms == 0.0
+    assert [r.arrival_ms for r in spread.records] == pytest.approx([0.0, 0.1, 0.2])
+    assert all(r.first_token_ms > first.first_token_ms for r in rest)
+    with pytest.raises(ValueError):
+        ClosedLoop(1, 1, 1, 1, burst_gap_ms=-1.0)
