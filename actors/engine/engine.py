@@ -24,13 +24,23 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from actors.clock import Clock, LagRecorder
+from actors.clock import LagRecorder
 from actors.cost_model import CostModel, StepTime
 from actors.engine.kv_blocks import KVEvent
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.scheduler import ScheduledStep, Scheduler, SchedulerLimits, TokenOutput
 from actors.engine.sequence import FinishReason, RequestId, Sequence
 from actors.engine.tokenizer import OutputModel
+
+
+class EngineClock(Protocol):
+    """What the engine needs of its time source: ``actors.clock.Clock``, or a virtual clock in unit tests.
+    Every timed wait of the engine (steps, leases) goes through ``sleep_until``, so a clock that jumps
+    to the next deadline drives the whole engine."""
+
+    def now_ms(self) -> float: ...
+
+    async def sleep_until(self, deadline_ms: float) -> float: ...
 
 
 class EngineError(Exception):
@@ -119,7 +129,7 @@ class RequestStream:
 class Engine:
     """One emulated GPU engine (see the module docstring)."""
 
-    def __init__(self, cfg: EngineConfig, cost: CostModel, clock: Clock,
+    def __init__(self, cfg: EngineConfig, cost: CostModel, clock: EngineClock,
                  observers: list[EngineObserver] | None = None) -> None:
         self.cfg = cfg
         self.cost = cost
@@ -327,10 +337,8 @@ class Engine:
             if due is None:
                 await self._reap_wake.wait()
                 continue
-            wait_s = self.clock.to_wall_s(due - self.clock.now_ms())
-            if wait_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._reap_wake.wait(), wait_s)
+            if due > self.clock.now_ms():
+                await self._sleep_or_wake(due)
                 continue
             now = self.clock.now_ms()
             for rid, (_, res) in list(self.reserved.items()):
@@ -340,6 +348,17 @@ class Engine:
             for rid in [r for r, t in self.held_until.items() if t <= now]:
                 self.lease_expiries += 1
                 self.release(rid)
+
+    async def _sleep_or_wake(self, due_ms: float) -> None:
+        """Wait on the clock until emulated ``due_ms`` or until a new lease sets ``_reap_wake``."""
+        sleep = asyncio.ensure_future(self.clock.sleep_until(due_ms))
+        wake = asyncio.ensure_future(self._reap_wake.wait())
+        try:
+            await asyncio.wait((sleep, wake), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (sleep, wake):
+                t.cancel()
+            await asyncio.gather(sleep, wake, return_exceptions=True)
 
     def abort(self, rid: RequestId) -> None:
         self._hold_lease.pop(rid, None)
