@@ -19,7 +19,7 @@ vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16); the synthetic p
 (prefix caching off); no ramp-up; after the opening burst the loop reaches a steady state; a client
 sends its next request the instant its previous one ended (no client-side gap). aiperf's 20 rounds of
 C requests are simulated until the loop reaches its steady state (``SteadyState``: two consecutive
-complete rounds after the burst whose mean TTFT and TPOT agree within 1%), at most ``rounds`` rounds;
+complete rounds after the burst whose mean TTFT and TPOT agree within 1%), at most ``rounds`` (20);
 rounds not simulated take the last complete round's means. The transient after the burst lasts several
 rounds (70B fp8 on 4 H200s, C 8, 8192/1024: round means 1630, 723, 619, 619 ... ms), so a fixed two or
 three rounds extrapolated overstated TTFT by up to 15% on such rows and misjudged TPOT where the
@@ -61,7 +61,9 @@ DEFAULT_CSV = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm
 AIPERF_ROUNDS = 20
 """aiperf's ``--num-requests`` is 20 x the concurrency in aiconfigurator's benchmark script."""
 DEFAULT_ROUNDS = AIPERF_ROUNDS
-QUICK_ROUNDS = 8
+QUICK_ROUNDS = AIPERF_ROUNDS
+"""``--quick`` samples rows, not rounds: capped at 8 rounds, the 8B-FP8 H200 rows had not reached their
+steady state (median TPOT error +72% at 8 rounds, +123% at 20) nor had Qwen3-32B's (32% against 16%)."""
 BURST_GAP_MS = 1.0
 """Spacing of the opening burst's arrivals at the engine. aiperf's C clients send at once, but vLLM's API
 server parses, tokenizes and forwards them one after another, so an idle engine core starts its first step
