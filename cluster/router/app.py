@@ -124,7 +124,9 @@ class RouterServer:
         import aiohttp  # feeds are WebSockets: their own session, without the proxy's read timeout
 
         if self._feed_session is None:
-            self._feed_session = aiohttp.ClientSession()
+            # No connection cap: each feed holds its WebSocket for good (aiohttp's default 100 would leave
+            # the 101st process, or engine with per_actor off, unconnected and so unhealthy).
+            self._feed_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         url = str(w.extra.get("feed_url") or w.url)
         self._feed_of[w.name] = url
         feed = self.feeds.get(url)
