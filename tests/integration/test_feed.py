@@ -26,8 +26,10 @@ from actors.server import EngineServer
 from cluster.router.feed import FeedClient
 from cluster.router.prefix_index import PrefixIndex
 from cluster.router.view import ClusterView, RoutingConfig, WorkerId, WorkerInfo
+from config import default_catalog
 from config.cluster import FeedSpec
-from tests.unit.engine.test_engine import LESSON
+
+LESSON = default_catalog().profiles.get("lesson-70b-fp8")
 
 
 def make_engine(name: str) -> Engine:
