@@ -30,6 +30,9 @@ class VirtualClock:
     def to_wall_s(self, emulated_ms: float) -> float:
         return emulated_ms / 1000.0
 
+    def to_emulated_ms(self, wall_seconds: float) -> float:
+        return wall_seconds * 1000.0
+
     async def sleep_until(self, deadline_ms: float) -> float:
         if deadline_ms <= self.t:
             await asyncio.sleep(0)
