@@ -111,25 +111,13 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
 
 
 async def _load(url: str, concurrency: int, n: int) -> list[float]:
+    """Wall ms of ``n`` one-token requests at ``concurrency``: bench/router.py's own client loop."""
     import aiohttp
 
-    out: list[float] = []
-    it = iter(range(n))
-
-    async def user(s: aiohttp.ClientSession) -> None:
-        for i in it:
-            body = json.dumps({"model": "llama-3.1-8b", "max_tokens": 1, "ignore_eos": True,
-                               "prompt": f"request {i} " + "word " * 12}).encode()
-            t0 = time.perf_counter()
-            async with s.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r:
-                await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}")
-            out.append((time.perf_counter() - t0) * 1000.0)
+    from bench.router import latencies
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await asyncio.gather(*(user(s) for _ in range(concurrency)))
-    return out
+        return await latencies(s, [url], concurrency, n)
 
 
 def profile(quick: bool) -> dict[str, Any]:
