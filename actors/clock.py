@@ -6,6 +6,13 @@ Event-loop timers (uvloop's in particular) fire up to about a millisecond late, 
 ``spin_ms`` before the deadline and then yields to the loop until the deadline has passed: a few
 hundred microseconds of polling per wait buys sub-millisecond lag. ``spin_ms=0`` turns polling off.
 
+With polling on, every waiter of one clock (all the engines of a process) shares ONE timer: waiters sit
+in a heap of (deadline, order, future); a single loop callback is armed ``spin_ms`` before the earliest
+deadline, then re-queues itself once per loop iteration (``call_soon``) until that deadline passes and
+resolves every waiter that is due, in deadline order. So 64 engines stepping together cost one poll per
+loop iteration, not 64, and an idle engine (no waiter) costs nothing. A cancelled waiter is skipped when
+popped. The heap belongs to the running loop: a clock used from a new loop (tests) starts a fresh one.
+
 Lag is how late a deadline really ended, in wall milliseconds; ``lag_emulated_ms`` divides by the scale
 (a 1 ms wall lag at scale 0.1 is 10 emulated ms).
 """
@@ -13,6 +20,8 @@ Lag is how late a deadline really ended, in wall milliseconds; ``lag_emulated_ms
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Callable
 
@@ -30,6 +39,14 @@ class Clock:
         self.spin_s = max(0.0, spin_ms) / 1000.0
         self._monotonic = monotonic
         self.origin = monotonic() if origin is None else origin
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed: asyncio.Handle | None = None
+        self._armed_for = 0.0
+        """The deadline (wall) the armed callback serves; re-armed when an earlier waiter arrives."""
+        self.polls = 0
+        """How many times the shared timer woke (a measure of the polling cost)."""
 
     # -- conversions -------------------------------------------------------------------------------
     def now_ms(self) -> float:
@@ -53,17 +70,47 @@ class Clock:
         """Sleep until emulated time ``deadline_ms``; return the lag in wall ms (how late it really ended)."""
         target = self.wall_of(deadline_ms)
         mono = self._monotonic
-        remaining = target - mono()
-        if remaining > self.spin_s:
-            await asyncio.sleep(remaining - self.spin_s)
-        if self.spin_s > 0:
-            while mono() < target:
-                await asyncio.sleep(0)
-        else:
+        if self.spin_s <= 0:
             remaining = target - mono()
             if remaining > 0:
                 await asyncio.sleep(remaining)
+            return max(0.0, (mono() - target) * 1000.0)
+        if target <= mono():
+            return (mono() - target) * 1000.0
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._heap, self._armed = loop, [], None
+        fut: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._heap, (target, next(self._order), fut))
+        if self._armed is None or target < self._armed_for:
+            self._arm(loop)
+        await fut
         return max(0.0, (mono() - target) * 1000.0)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(Re)schedule the one timer callback for the earliest waiter: a timer, or the next loop turn when close."""
+        if self._armed is not None:
+            self._armed.cancel()
+            self._armed = None
+        while self._heap and self._heap[0][2].done():
+            heapq.heappop(self._heap)  # cancelled waiters (a stopped engine)
+        if not self._heap:
+            return
+        self._armed_for = self._heap[0][0]
+        remaining = self._armed_for - self._monotonic() - self.spin_s
+        self._armed = loop.call_later(remaining, self._fire) if remaining > 0 else loop.call_soon(self._fire)
+
+    def _fire(self) -> None:
+        self._armed = None
+        self.polls += 1
+        now = self._monotonic()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():
+                fut.set_result(None)
+        if heap and self._loop is not None:
+            self._arm(self._loop)
 
     async def sleep_for(self, duration_ms: float) -> float:
         """Sleep ``duration_ms`` emulated ms from now (to an absolute deadline); return the wall lag in ms."""

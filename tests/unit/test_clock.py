@@ -69,3 +69,42 @@ def test_lag_recorder_percentiles_and_bound() -> None:
     assert r.count == 1000 and r.max_ms == 99.0
     assert r.percentile(50) == pytest.approx(50.0, abs=1)
     assert len(r._buf) == 100
+
+
+async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order() -> None:
+    c = Clock(1.0, spin_ms=1.0)
+    woke: list[int] = []
+
+    async def waiter(i: int, deadline: float) -> None:
+        await c.sleep_until(deadline)
+        assert time.monotonic() >= c.wall_of(deadline)
+        woke.append(i)
+
+    deadlines = [5.0 + (i * 7) % 13 for i in range(32)]
+    await asyncio.gather(*(waiter(i, d) for i, d in enumerate(deadlines)))
+    assert [deadlines[i] for i in woke] == sorted(deadlines)
+    assert c._armed is None and not c._heap  # nothing left armed or waiting
+
+
+async def test_a_cancelled_waiter_does_not_stop_the_others() -> None:
+    c = Clock(1.0, spin_ms=1.0)
+    early = asyncio.ensure_future(c.sleep_until(2.0))
+    late = asyncio.ensure_future(c.sleep_until(6.0))
+    await asyncio.sleep(0)
+    early.cancel()
+    lag = await late
+    assert lag >= 0.0 and early.cancelled()
+    assert time.monotonic() >= c.wall_of(6.0)
+
+
+async def test_an_earlier_waiter_rearms_the_shared_timer() -> None:
+    c = Clock(1.0, spin_ms=1.0)
+    late = asyncio.ensure_future(c.sleep_until(200.0))
+    await asyncio.sleep(0)
+    assert c._armed_for == c.wall_of(200.0)
+    early = asyncio.ensure_future(c.sleep_until(5.0))
+    await asyncio.sleep(0)
+    assert c._armed_for == c.wall_of(5.0)  # the one timer now serves the earlier deadline
+    await early
+    assert not late.done() and c._armed_for == c.wall_of(200.0)
+    late.cancel()
