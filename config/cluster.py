@@ -116,6 +116,27 @@ class WanLinkSpec(Frozen):
     bandwidth_gbps: PositiveFloat = DEFAULT_WAN_GBPS
 
 
+class MigrationSpec(Frozen):
+    """Moving running requests' KV off an engine that is going away (``actors.migration``,
+    ``cluster.router.migration``). Either part gives every colocated and decode engine a KV transport."""
+
+    live: bool = False
+    """On a drain notice (spot preemption), the router moves each running stream's KV to a peer it picks
+    (its policy ranks the peers); the peer resumes it without recomputing and the stream continues."""
+    checkpoints: bool = False
+    """Every ``checkpoint_every_tokens`` generated tokens an engine copies the sequence's new KV blocks to a
+    peer the router picked, so a kill without notice resumes there from the last checkpoint."""
+    checkpoint_every_tokens: PositiveInt = 32
+    transfer_timeout_ms: PositiveFloat = 5_000.0
+    """A migration's or checkpoint's KV transfer not done this long (emulated) after it began has failed."""
+    lease_ms: PositiveFloat = 30_000.0
+    """How long a peer keeps a migrated request's blocks, or a checkpoint, that nobody resumed."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.live or self.checkpoints
+
+
 class RouterSpec(Frozen):
     """Everything the router takes (``cluster.router.app.RouterServer``); durations are emulated seconds.
 
@@ -163,6 +184,8 @@ class RouterSpec(Frozen):
     """An open breaker lets one trial request through after this long (wall seconds)."""
     upstream_connections: PositiveInt = 4096
     """Connections the router may hold open to all engines together (``limit_per_host``: a quarter)."""
+    kv_migration: MigrationSpec = MigrationSpec()
+    """Live migration on a drain notice and decode checkpoints (off by default)."""
 
 
 class TransportSpec(Frozen):

@@ -29,7 +29,7 @@ from actors.cost_model import CostModel, StepTime
 from actors.engine.kv_blocks import KVEvent
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.scheduler import ScheduledStep, Scheduler, SchedulerLimits, TokenOutput
-from actors.engine.sequence import FinishReason, RequestId, Sequence
+from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
 from actors.engine.tokenizer import OutputModel
 
 
@@ -156,6 +156,8 @@ class Engine:
         self._ids = itertools.count()
         self._stopping = False
         self.reserved: dict[RequestId, tuple[Sequence, Reservation]] = {}
+        self.paused: dict[RequestId, Sequence] = {}
+        """Requests out of the step loop while their KV moves to another engine (``pause``)."""
         self.held_until: dict[RequestId, float] = {}
         """Emulated time at which a finished prefill's held blocks are freed if nobody released them."""
         self._hold_lease: dict[RequestId, float] = {}
@@ -189,6 +191,9 @@ class Engine:
             self.cancel_reservation(rid)
         for rid in list(self.scheduler.held):
             self.release(rid)
+        for rid in list(self.paused):
+            self.unpause(rid)
+            self.abort(rid)
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
@@ -218,7 +223,7 @@ class Engine:
 
     def _new_id(self, request_id: str | None) -> RequestId:
         rid = RequestId(request_id or f"{self.cfg.name}-{next(self._ids)}")
-        if rid in self._streams or rid in self.reserved or rid in self.scheduler.held:
+        if rid in self._streams or rid in self.reserved or rid in self.scheduler.held or rid in self.paused:
             raise EngineError(400, f"request id {rid!r} is already in flight", "request_id")
         return rid
 
@@ -256,8 +261,9 @@ class Engine:
         return ok
 
     def reserve(self, prompt_ids: list[int], max_tokens: int | None, *, request_id: str,
-                lease_ms: float) -> Reservation:
-        """Set aside the blocks of a prompt whose KV will arrive from a prefill engine.
+                lease_ms: float, output_ids: list[int] | None = None) -> Reservation:
+        """Set aside the blocks of a prompt whose KV will arrive from a prefill engine (``output_ids``: and
+        of the tokens a migrating request generated so far, whose KV arrives with it).
 
         Raises EngineError 409 when the blocks are not free now (the caller waits and retries: decode
         memory is never double-booked). The reservation lapses after ``lease_ms`` emulated ms unless
@@ -265,7 +271,8 @@ class Engine:
         """
         max_tokens = self._check(prompt_ids, max_tokens)
         rid = self._new_id(request_id)
-        seq = Sequence(rid, list(prompt_ids), max_tokens, arrival_ms=self.clock.now_ms())
+        seq = Sequence(rid, list(prompt_ids), max_tokens, arrival_ms=self.clock.now_ms(),
+                       output_ids=list(output_ids or ()))
         prefix = self.kv.find_prefix(seq)
         if not self.kv.allocate(seq, seq.num_tokens - prefix.num_tokens(self.cfg.block_size), prefix):
             raise EngineError(409, f"no room for {len(prompt_ids)} tokens of KV now "
@@ -296,9 +303,26 @@ class Engine:
             raise EngineError(404, f"no reservation for request {rid!r} (expired or never made)")
         seq = entry[0]
         base = self.outputs.seed_of(seq.prompt_ids, seed)
-        seq.stop_after = None if ignore_eos else self.outputs.natural_length(base)
         seq.output_ids = [first_token]
-        seq.num_computed_tokens = seq.num_prompt_tokens
+        return self._admit(seq, base, None if ignore_eos else self.outputs.natural_length(base),
+                           seq.num_prompt_tokens)
+
+    def admit_resumed(self, rid: RequestId, computed_tokens: int, base: int, stop_after: int | None,
+                      ) -> RequestStream:
+        """A migrated request's KV (its first ``computed_tokens`` tokens) is in the reserved blocks: go on
+        with the sampling state it had (``base``, ``stop_after``); the tokens past ``computed_tokens`` are
+        recomputed in its first step, and its next token is the one at position ``len(output_ids)``."""
+        entry = self.reserved.pop(rid, None)
+        if entry is None:
+            raise EngineError(404, f"no reservation for request {rid!r} (expired or never made)")
+        seq = entry[0]
+        computed = max(computed_tokens, seq.num_cached_prompt_tokens)
+        return self._admit(seq, base, stop_after, min(computed, seq.num_tokens - 1))
+
+    def _admit(self, seq: Sequence, base: int, stop_after: int | None, computed: int) -> RequestStream:
+        rid = seq.request_id
+        seq.stop_after = stop_after
+        seq.num_computed_tokens = computed
         seq.preloaded = True
         now = self.clock.now_ms()
         seq.arrival_ms = seq.first_scheduled_ms = now
@@ -314,6 +338,49 @@ class Engine:
         self._publish_kv_events()
         self._poke()
         return stream
+
+    # -- live migration: a running request leaves with its KV ---------------------------------------
+    def pause(self, rid: RequestId) -> tuple[Sequence, int] | None:
+        """Take a running or waiting request out of the step loop, keeping its blocks and its stream (a
+        step in progress computes nothing for it); its sequence and sampling base, or None if not here."""
+        sched = self.scheduler
+        seq = next((s for s in sched.sequences() if s.request_id == rid), None)
+        if seq is None or rid not in self._streams:
+            return None
+        if seq in sched.running:
+            sched.running.remove(seq)
+        else:
+            sched.waiting.remove(seq)
+        seq.status = SeqStatus.PAUSED
+        self.paused[rid] = seq
+        self._poke()
+        return seq, self._bases[rid]
+
+    def unpause(self, rid: RequestId) -> bool:
+        """The move failed: the paused request runs here again, from the KV it holds."""
+        seq = self.paused.pop(rid, None)
+        if seq is None:
+            return False
+        seq.status = SeqStatus.WAITING
+        seq.preloaded = bool(self.kv.blocks_of(rid))  # its blocks are still here: no prefix lookup
+        self.scheduler.waiting.appendleft(seq)
+        self._poke()
+        return True
+
+    def hand_off(self, rid: RequestId) -> bool:
+        """The paused request goes on elsewhere: end its stream here (``MIGRATED``) and free its blocks."""
+        seq = self.paused.pop(rid, None)
+        if seq is None:
+            return False
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.MIGRATED
+        self.kv.free(seq)
+        stream = self._streams.pop(rid, None)
+        self._bases.pop(rid, None)
+        if stream is not None:
+            stream.queue.put_nowait(StreamEvent((), self.clock.now_ms(), FinishReason.MIGRATED))
+        self._publish_kv_events()
+        self._poke()
+        return True
 
     def _poke(self) -> None:
         """Wake the step loop and tell the change listeners (the feed) that the load may have changed."""

@@ -339,8 +339,8 @@ class Scheduler:
         out: list[TokenOutput] = []
         finished: list[Sequence] = []
         for seq, n in step.items:
-            if seq.done:
-                continue  # aborted while the step ran, or (c)'s discarded step
+            if seq.done or seq.status is SeqStatus.PAUSED:
+                continue  # aborted or paused (migrating) while the step ran, or (c)'s discarded step
             was_prefill = seq.num_computed_tokens < seq.num_prompt_tokens
             seq.num_computed_tokens += n
             if was_prefill:

@@ -16,12 +16,16 @@ class SeqStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     ABORTED = "aborted"
+    PAUSED = "paused"
+    """Out of the step loop with its blocks kept, while its KV moves to another engine (live migration)."""
 
 
 class FinishReason(enum.Enum):
     LENGTH = "length"
     STOP = "stop"
     ABORT = "abort"
+    MIGRATED = "migrated"
+    """The request goes on on another engine (live migration): this engine's stream of it ends here."""
 
 
 @dataclass(eq=False)
