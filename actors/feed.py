@@ -26,6 +26,12 @@ it, so an idle process costs one small frame per heartbeat per router and no per
 With ``only_changes`` off every heartbeat carries every engine's load (the old behaviour, kept as a
 benchmark baseline).
 
+Fault injection (``cluster.chaos``): ``cut``/``heal`` sever an engine's feed as a network partition would:
+every connection carrying it is told it is ``gone`` and gets nothing more of it (nor do new connections)
+until ``heal``, which sends a fresh snapshot. ``disturb`` loses, duplicates or reorders an engine's KV
+batches (``FeedDisturbance``, seeded) until ``disturb(name, None)``; the router's gap detection and resync
+must bring its index back to the engine's state.
+
 Failure behaviour: removing an engine (its server stops) ends the connections that came in through that
 server; the router reconnects to its feed URL. A slow router never slows the engines: each connection's
 KV queue is bounded; when it overflows the batch is dropped for that connection only, whose router then
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -68,6 +75,45 @@ def encode_events(events: list[KVEvent]) -> list[list[Any]]:
 
 
 @dataclass
+class FeedDisturbance:
+    """Per KV batch, with a seeded RNG: lose it (``loss``), send it twice (``duplicate``), or hold it back
+    and send it after the next one (``reorder``); at most one of them per batch."""
+
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    seed: int = 0
+    held: dict[str, Any] | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"lost": 0, "duplicated": 0, "reordered": 0})
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def pass_on(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
+        """The frames to send in place of ``frame``."""
+        late = [self.held] if self.held is not None else []
+        self.held = None
+        x = self.rng.random()
+        if x < self.loss:
+            self.counts["lost"] += 1
+            return late
+        x -= self.loss
+        if x < self.duplicate:
+            self.counts["duplicated"] += 1
+            return [frame, frame, *late]
+        x -= self.duplicate
+        if x < self.reorder and not late:
+            self.counts["reordered"] += 1
+            self.held = frame
+            return []
+        return [frame, *late]
+
+    def flush(self) -> list[dict[str, Any]]:
+        late, self.held = ([self.held] if self.held is not None else []), None
+        return late
+
+
+@dataclass
 class _Source:
     name: str
     engine: Engine
@@ -88,6 +134,8 @@ class _Connection:
     dirty: set[str] = field(default_factory=set)
     snapshots: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
+    severed: set[str] = field(default_factory=set)
+    """Engines this connection would carry but for a partition (``FeedHub.cut``)."""
     sent_load: dict[str, dict[str, Any]] = field(default_factory=dict)
     dropped: int = 0
 
@@ -101,6 +149,8 @@ class FeedHub:
         self._now = now
         self._sources: dict[str, _Source] = {}
         self._conns: set[_Connection] = set()
+        self._cut: set[str] = set()
+        self._disturbed: dict[str, FeedDisturbance] = {}
         self.frames_sent = 0
 
     @property
@@ -137,18 +187,52 @@ class FeedHub:
                 c.dirty.add(name)
                 c.wake.set()
 
+    # -- fault injection -----------------------------------------------------------------------------
+    def cut(self, name: str) -> None:
+        """Sever ``name``'s feed from every router (see the module docstring)."""
+        self._cut.add(name)
+        for c in self._conns:
+            if name in c.engines:
+                self._unsubscribe(c, [name])
+                c.kv = deque(f for f in c.kv if f["e"] != name)
+                c.severed.add(name)
+                c.gone.add(name)
+                c.wake.set()
+
+    def heal(self, name: str) -> None:
+        """End ``name``'s partition: the connections it was cut from get a fresh snapshot of it."""
+        self._cut.discard(name)
+        for c in self._conns:
+            if name in c.severed:
+                c.severed.discard(name)
+                self._subscribe(c, [name])
+
+    def disturb(self, name: str, disturbance: FeedDisturbance | None) -> dict[str, int]:
+        """Disturb ``name``'s KV batches from now on (None: stop, sending a held batch); the counts so far."""
+        old = self._disturbed.pop(name, None)
+        if disturbance is not None:
+            self._disturbed[name] = disturbance
+        if old is None:
+            return {}
+        for frame in old.flush():
+            self._fan_out(name, frame)
+        return old.counts
+
     def _on_kv(self, name: str, seq: int, events: list[KVEvent]) -> None:
         if not self._conns:
             return
-        frame: dict[str, Any] | None = None
+        frame = {"t": "kv", "e": name, "seq": seq, "events": encode_events(events)}
+        disturbance = self._disturbed.get(name)
+        for f in [frame] if disturbance is None else disturbance.pass_on(frame):
+            self._fan_out(name, f)
+
+    def _fan_out(self, name: str, frame: dict[str, Any]) -> None:
         for c in self._conns:
             if name not in c.engines:
                 continue
             if len(c.kv) >= c.limit:
                 c.dropped += 1  # the router sees the gap in seq and asks for a snapshot
                 continue
-            if frame is None:
-                frame = {"t": "kv", "e": name, "seq": seq, "events": encode_events(events)}
             c.kv.append(frame)
             c.wake.set()
 
@@ -160,7 +244,10 @@ class FeedHub:
     # -- connections -------------------------------------------------------------------------------
     def _subscribe(self, c: _Connection, names: Iterable[str]) -> None:
         for n in names:
-            if n in self._sources:
+            if n in self._cut:
+                c.severed.add(n)
+                c.gone.add(n)
+            elif n in self._sources:
                 c.engines.add(n)
                 c.snapshots.add(n)
             else:
@@ -171,6 +258,7 @@ class FeedHub:
     def _unsubscribe(self, c: _Connection, names: Iterable[str]) -> None:
         for n in names:
             c.engines.discard(n)
+            c.severed.discard(n)
             c.snapshots.discard(n)
             c.dirty.discard(n)
             c.sent_load.pop(n, None)

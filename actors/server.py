@@ -4,6 +4,10 @@ Bad input never crashes the server or disturbs other requests: malformed JSON, m
 fields and prompts longer than the context get a 400, an unknown model a 404, a draining engine a 503,
 all as OpenAI-shaped JSON. A client that disconnects (the handler is cancelled, or a write fails)
 aborts its request in the engine, which frees its sequence and blocks at once.
+
+Fault injection: ``partition(True)`` makes the server unreachable as a network partition would: the
+connections of its open requests are dropped (their requests abort) and new requests lose their connection
+before any answer, until ``partition(False)``. The feed is cut separately, per engine, in the ``FeedHub``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class EngineServer:
         self.meta = dict(meta or {})
         self._draining = False
         self.inflight = 0
+        self.partitioned = False
+        self._open: set[web.Request] = set()
+        """Requests being answered (their connections are dropped by a partition)."""
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.hub = hub or FeedHub()
@@ -107,6 +114,21 @@ class EngineServer:
             await self._runner.cleanup()
             self._runner = None
 
+    def partition(self, on: bool) -> None:
+        """Cut this server off (``on``) or reconnect it (see the module docstring)."""
+        self.partitioned = on
+        if on:
+            for request in list(self._open):
+                if request.transport is not None:
+                    request.transport.close()
+
+    @staticmethod
+    def _unreachable(request: web.Request) -> web.Response:
+        """A request that arrives during a partition: its connection dropped before any answer."""
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response(status=503)
+
     # -- plain endpoints ---------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         if self.draining:
@@ -122,6 +144,8 @@ class EngineServer:
     # -- disaggregation ----------------------------------------------------------------------------
     async def reserve(self, request: web.Request) -> web.Response:
         """Decode side: set aside KV blocks for a prompt a prefill engine will send (409: no room now)."""
+        if self.partitioned:
+            return self._unreachable(request)
         if self.connector is None or self.connector.address is None:
             return json_error(400, "this engine has no KV transport (it is not a prefill or decode engine)")
         if self.draining:
@@ -251,6 +275,8 @@ class EngineServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival_ms = self.engine.clock.now_ms()
+        if self.partitioned:
+            return self._unreachable(request)
         if self.draining:
             return json_error(503, "engine is draining: send the request elsewhere")
         try:
@@ -277,6 +303,7 @@ class EngineServer:
             return json_error(413, str(e))
         shapes = ResponseShapes(chat, self.engine.cfg.model_name, request.headers.get("X-Request-Id"))
         self.inflight += 1
+        self._open.add(request)
         try:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -285,6 +312,7 @@ class EngineServer:
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
+            self._open.discard(request)
             self.hub.changed(self.engine.cfg.name)
 
     def _prefill_for_remote_decode(self, params: dict[str, Any], prompt_ids: list[int],

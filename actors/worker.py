@@ -16,12 +16,13 @@ from typing import Any
 from actors.clock import Clock
 from actors.engine.engine import Engine
 from actors.engine.factory import build_engine
-from actors.feed import FeedHub
+from actors.feed import FeedDisturbance, FeedHub
 from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
 from transport import FaultPlan, Site, Topology, TransportOptions, make_transport
+from transport.faulty import FaultyTransport
 
 
 def restore_priority() -> None:
@@ -77,7 +78,9 @@ class GpuWorker:
                                     "model": cfg.model_name, "hardware": inst.hardware.name, "tp": inst.tp}
             connector = None
             if topology is not None and inst.role in ("prefill", "decode"):
-                faults = FaultPlan.model_validate(self.spec.transport.faults) if self.spec.transport.faults else None
+                # Always behind the fault wrapper (an empty plan draws nothing), so a fault schedule can
+                # switch faults on and cut peers at run time.
+                faults = FaultPlan.model_validate(self.spec.transport.faults or {})
                 transport = make_transport(self.spec.transport, site=Site(inst.node, inst.region), clock=self.clock,
                                            topology=topology, options=TransportOptions(host=self.host),
                                            faults=faults)
@@ -124,6 +127,52 @@ class GpuWorker:
             raise ValueError("slowdown factor must be positive")
         for n in names:
             self.engines[n].slowdown = factor
+
+    # -- fault injection (cluster.chaos) --------------------------------------------------------------
+    async def partition_from_router(self, names: list[str], on: bool) -> None:
+        """The named engines' HTTP and feed cut from every router (``on``), or reconnected."""
+        for n in names:
+            self.servers[n].partition(on)
+            if on:
+                self.hub.cut(n)
+            else:
+                self.hub.heal(n)
+
+    def _faulty(self, name: str) -> FaultyTransport | None:
+        c = self.connectors.get(name)
+        return c.transport if c is not None and isinstance(c.transport, FaultyTransport) else None
+
+    async def partition_from_peers(self, names: list[str], locations: list[str], on: bool) -> None:
+        """The named engines' KV transport cut from the peers at ``locations`` (``on``), or reconnected."""
+        for n in names:
+            t = self._faulty(n)
+            if t is not None:
+                (t.cut if on else t.heal)(locations)
+
+    async def set_transfer_faults(self, plan: dict[str, Any] | None) -> list[str]:
+        """Every KV transport here injects ``plan``'s faults from now on (None: none); the engines affected."""
+        parsed = FaultPlan.model_validate(plan) if plan is not None else None
+        done: list[str] = []
+        for n in self.connectors:
+            t = self._faulty(n)
+            if t is not None:
+                t.switch(parsed)
+                done.append(n)
+        return done
+
+    async def disturb_kv_events(self, names: list[str], loss: float, duplicate: float, reorder: float,
+                                seed: int, on: bool) -> dict[str, dict[str, int]]:
+        """Lose/duplicate/reorder the named engines' KV event batches (``on``) or stop; counts when stopped."""
+        out: dict[str, dict[str, int]] = {}
+        for i, n in enumerate(names):
+            if n in self.engines:
+                d = FeedDisturbance(loss, duplicate, reorder, seed + i) if on else None
+                out[n] = self.hub.disturb(n, d)
+        return out
+
+    async def cached_hashes(self) -> dict[str, list[int]]:
+        """Every block hash each engine's prefix cache holds (what a snapshot would tell a router)."""
+        return {n: sorted(e.kv.pool.cached.keys()) for n, e in self.engines.items()}
 
     async def stop(self) -> None:
         for s in self.servers.values():

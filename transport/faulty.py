@@ -16,6 +16,10 @@ run replays exactly, given the same call order). What each fault does:
 - ``hang``: the peer stops answering: a push's bytes are staged but never committed, a pull never
   completes, until the deadline.
 
+At run time ``switch`` replaces the plan (a fault schedule's ``transfer_faults`` period; ``None`` or an
+empty plan: no fault drawn) and ``cut``/``heal`` sever this endpoint from peers by their location, as a
+network partition would: a push or pull to a cut peer fails at once with ``PeerGone`` (connection refused).
+
 Truncation and corruption keep the checksum of the original bytes, which the receiving backend
 verifies, so they surface as ``IntegrityError``. For a pull they are injected where the bytes leave:
 in ``publish`` of the serving endpoint's wrapper, which offers tampered copies (each publish draws
@@ -101,8 +105,32 @@ class FaultyTransport:
         self.clock = inner.clock
         self.rng = random.Random(plan.seed)
         self.injected: Counter[str] = Counter()
+        self.cut_off: set[str] = set()
+        """Peer locations this endpoint cannot reach (a partition)."""
+
+    def switch(self, plan: FaultPlan | None) -> None:
+        """From now on inject ``plan``'s faults (its seed restarts the draws); None: none."""
+        self.plan = plan or FaultPlan()
+        self.rng = random.Random(self.plan.seed)
+
+    def cut(self, locations: Iterable[str]) -> None:
+        self.cut_off.update(locations)
+
+    def heal(self, locations: Iterable[str] | None = None) -> None:
+        """Reconnect to ``locations`` (None: every peer)."""
+        if locations is None:
+            self.cut_off.clear()
+        else:
+            self.cut_off.difference_update(locations)
+
+    def _refuse_if_cut(self, address: Address, what: str) -> None:
+        if address.location in self.cut_off:
+            self.injected["partition"] += 1
+            raise PeerGone(f"{what}: {address} is unreachable (network partition)")
 
     def _draw(self) -> FaultKind | None:
+        if not self.plan.rates:
+            return None
         x = self.rng.random()
         for kind in FAULT_KINDS:
             x -= self.plan.rates.get(kind, 0.0)
@@ -137,6 +165,7 @@ class FaultyTransport:
     # -- calls -----------------------------------------------------------------------------------
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
+        self._refuse_if_cut(address, f"push {request_id!r}")
         kind = self._draw()
         dl = self.deadline(deadline_ms)
         what = f"push {request_id!r} to {address} ({kind or 'no'} fault injected)"
@@ -162,6 +191,7 @@ class FaultyTransport:
 
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
                    deadline_ms: float | None = None, on_size: SizeHook | None = None) -> Delivery:
+        self._refuse_if_cut(address, f"pull {request_id!r}")
         kind = self._draw()
         if kind in TAMPER_KINDS:
             kind = None  # injected by the serving side's publish

@@ -1,36 +1,55 @@
 """Injectors: how each kind of fault event is carried out against a running cluster.
 
 An injector turns one schedule event into timed ``Action``s (emulated seconds from the run's start):
-``slow_gpu`` is two actions (slow down, restore), ``spot_preempt`` two (stop admitting, kill), a kill one.
-``INJECTORS`` maps an event kind to its injector (a registry: a new kind is a new entry); ``plan_actions``
-flattens a schedule into one time-ordered list (ties keep the schedule's order, so a replay is
-deterministic). Actions act through ``ClusterControl``, a narrow face of the launched cluster
-(``cluster.launch.ClusterHandle``): kill the actor hosting an engine, drain an engine, set its slowdown.
-Ray control calls are blocking and cost about a millisecond: the runner calls them off its event loop.
+``slow_gpu`` is two actions (slow down, restore), ``spot_preempt`` two or three (stop admitting, kill,
+replace), a period (``partition``, ``kv_events``, ``transfer_faults``) two (on, off). ``INJECTORS`` maps an
+event kind to its injector (a registry: a new kind is a new entry); ``plan_actions`` flattens a schedule into
+one time-ordered list (ties keep the schedule's order, so a replay is deterministic). Actions act through
+``ClusterControl``, a narrow face of the launched cluster (``cluster.chaos.control.RayClusterControl`` is the
+real one). Ray control calls are blocking and cost about a millisecond: the runner calls them off its loop.
 
-What each implemented kind does:
+What each kind does:
 
-- ``kill_engine``: ``ray.kill`` of the actor hosting the engine (no restart). With ``gpus_per_actor`` > 1
-  the engines sharing that actor die with it (reported in ``dead``).
+- ``kill_engine``: ``ray.kill`` of the actor hosting the engine. With ``gpus_per_actor`` > 1 the engines
+  sharing that actor die with it (reported in ``dead``). ``replace_after_s``: a fresh actor hosting a fresh
+  engine of the same name starts then and joins every router (``POST /workers``), cache empty.
 - ``kill_node``: every actor hosting an engine of that emulated node, killed.
-- ``spot_preempt`` (no migration yet): at the notice the engine stops admitting (``draining``: its
-  ``/health`` and new requests answer 503, its feed says so and the router stops choosing it); its
-  running requests go on; at ``at_s + notice_s`` the actor is killed and the router continues every
-  stream still running there on another engine (``cluster.router.relay.continue_on``).
+- ``spot_preempt``: at the notice the engine stops admitting (``draining``: its ``/health`` and new
+  requests answer 503, its feed says so and the router stops choosing it); its running requests go on; at
+  ``at_s + notice_s`` the actor is killed and the router continues every stream still running there on
+  another engine (``cluster.router.relay.continue_on``); ``replace_after_s`` as for ``kill_engine``.
 - ``slow_gpu``: the engine's step times multiplied by ``factor`` for ``duration_s``, then restored.
+- ``partition`` (``between: router``): the engines' HTTP servers drop every connection, open or new, and
+  their feeds tell the routers they are gone, for ``duration_s``; then a fresh snapshot reconnects them.
+  (``between: engines``): their KV transports refuse each other (``PeerGone``) for ``duration_s``.
+- ``kv_events``: the engines' KV event batches lost, duplicated or reordered (seeded) for ``duration_s``.
+- ``router_restart``: every router actor killed; after ``down_s`` a new one starts on the same port with
+  the live engines and rebuilds its view and index from their feeds' snapshots.
+- ``transfer_faults``: every KV transport's fault wrapper switched to ``plan`` for ``duration_s``.
 
-Failure behaviour: ``plan_actions`` raises ``UnsupportedEvent`` (naming the event's index and kind)
-for a kind with no injector yet or an option not supported yet (``replace_after_s``), before the run
-starts; an action that fails while running is logged with its error and the run goes on.
+Failure behaviour: ``plan_actions`` raises ``UnsupportedEvent`` (naming the event's index and kind) for a
+kind with no injector, before the run starts; an action that fails while running is logged with its error
+and the run goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cluster.chaos.schedule import Event, FaultSchedule, KillEngine, KillNode, SlowGpu, SpotPreempt
+from cluster.chaos.schedule import (
+    Event,
+    FaultSchedule,
+    KillEngine,
+    KillNode,
+    KvEvents,
+    Partition,
+    RouterRestart,
+    SlowGpu,
+    SpotPreempt,
+    TransferFaults,
+)
 
 
 class UnsupportedEvent(ValueError):
@@ -38,10 +57,14 @@ class UnsupportedEvent(ValueError):
 
 
 class ClusterControl(Protocol):
-    """What injectors may do to a cluster (``RayClusterControl`` is the real one)."""
+    """What injectors may do to a cluster (``cluster.chaos.control.RayClusterControl`` is the real one)."""
 
     def kill_engine(self, engine: str) -> list[str]:
         """Kill the actor hosting ``engine``; the engines that died with it."""
+        ...
+
+    def replace_engine(self, engine: str) -> None:
+        """Start a fresh engine named ``engine`` (a killed one) and add it to every router."""
         ...
 
     def engines_on_node(self, node: str) -> list[str]: ...
@@ -49,6 +72,16 @@ class ClusterControl(Protocol):
     def drain(self, engine: str) -> None: ...
 
     def set_slowdown(self, engine: str, factor: float) -> None: ...
+
+    def partition(self, engines: Sequence[str], between: str, on: bool) -> None:
+        """Cut (``on``) or heal ``engines`` from the router (``between="router"``) or from each other."""
+        ...
+
+    def disturb_kv_events(self, event: KvEvents, on: bool) -> None: ...
+
+    def restart_router(self, down_s: float) -> None: ...
+
+    def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,9 +97,25 @@ class Action:
 Injector = Callable[[Event, int], list[Action]]
 
 
+def _none(step: Callable[[ClusterControl], object]) -> Callable[[ClusterControl], list[str]]:
+    """An action that kills nothing."""
+    def do(c: ClusterControl) -> list[str]:
+        step(c)
+        return []
+    return do
+
+
+def _replacement(e: KillEngine | SpotPreempt, i: int, killed_at: float) -> list[Action]:
+    if e.replace_after_s is None:
+        return []
+    return [Action(killed_at + e.replace_after_s, i, e.kind, f"replace {e.engine} with a fresh engine",
+                   _none(lambda c: c.replace_engine(e.engine)))]
+
+
 def _kill_engine(e: Event, i: int) -> list[Action]:
     assert isinstance(e, KillEngine)
-    return [Action(e.at_s, i, e.kind, f"kill {e.engine}", lambda c: c.kill_engine(e.engine))]
+    return [Action(e.at_s, i, e.kind, f"kill {e.engine}", lambda c: c.kill_engine(e.engine)),
+            *_replacement(e, i, e.at_s)]
 
 
 def _kill_node(e: Event, i: int) -> list[Action]:
@@ -84,29 +133,53 @@ def _kill_node(e: Event, i: int) -> list[Action]:
 
 def _spot_preempt(e: Event, i: int) -> list[Action]:
     assert isinstance(e, SpotPreempt)
-    if e.replace_after_s is not None:
-        raise UnsupportedEvent(f"events[{i}].spot_preempt.replace_after_s: bringing a fresh engine back is not "
-                               f"implemented yet; remove the field")
-
-    def notice(c: ClusterControl) -> list[str]:
-        c.drain(e.engine)
-        return []
-
-    return [Action(e.at_s, i, e.kind, f"notice to {e.engine} ({e.notice_s:g} s): stop admitting", notice),
-            Action(e.at_s + e.notice_s, i, e.kind, f"preempt {e.engine}", lambda c: c.kill_engine(e.engine))]
+    kill_at = e.at_s + e.notice_s
+    return [Action(e.at_s, i, e.kind, f"notice to {e.engine} ({e.notice_s:g} s): stop admitting",
+                   _none(lambda c: c.drain(e.engine))),
+            Action(kill_at, i, e.kind, f"preempt {e.engine}", lambda c: c.kill_engine(e.engine)),
+            *_replacement(e, i, kill_at)]
 
 
 def _slow_gpu(e: Event, i: int) -> list[Action]:
     assert isinstance(e, SlowGpu)
 
     def slow(factor: float) -> Callable[[ClusterControl], list[str]]:
-        def do(c: ClusterControl) -> list[str]:
-            c.set_slowdown(e.engine, factor)
-            return []
-        return do
+        return _none(lambda c: c.set_slowdown(e.engine, factor))
 
     return [Action(e.at_s, i, e.kind, f"{e.engine} steps x{e.factor:g}", slow(e.factor)),
             Action(e.end_s(), i, e.kind, f"{e.engine} steps back to x1", slow(1.0))]
+
+
+def _partition(e: Event, i: int) -> list[Action]:
+    assert isinstance(e, Partition)
+    names = ", ".join(e.engines)
+    side = "the router" if e.between == "router" else "each other"
+    return [Action(e.at_s, i, e.kind, f"cut {names} from {side}",
+                   _none(lambda c: c.partition(e.engines, e.between, True))),
+            Action(e.end_s(), i, e.kind, f"heal {names} with {side}",
+                   _none(lambda c: c.partition(e.engines, e.between, False)))]
+
+
+def _kv_events(e: Event, i: int) -> list[Action]:
+    assert isinstance(e, KvEvents)
+    who = ", ".join(e.engines) or "every engine"
+    how = f"loss {e.loss:g}, duplicate {e.duplicate:g}, reorder {e.reorder:g}"
+    return [Action(e.at_s, i, e.kind, f"disturb KV events of {who} ({how})",
+                   _none(lambda c: c.disturb_kv_events(e, True))),
+            Action(e.end_s(), i, e.kind, f"KV events of {who} undisturbed",
+                   _none(lambda c: c.disturb_kv_events(e, False)))]
+
+
+def _router_restart(e: Event, i: int) -> list[Action]:
+    assert isinstance(e, RouterRestart)
+    return [Action(e.at_s, i, e.kind, f"kill the router, start a new one after {e.down_s:g} s",
+                   _none(lambda c: c.restart_router(e.down_s)))]
+
+
+def _transfer_faults(e: Event, i: int) -> list[Action]:
+    assert isinstance(e, TransferFaults)
+    return [Action(e.at_s, i, e.kind, f"transfer faults on: {e.plan}", _none(lambda c: c.set_transfer_faults(e.plan))),
+            Action(e.end_s(), i, e.kind, "transfer faults off", _none(lambda c: c.set_transfer_faults(None)))]
 
 
 INJECTORS: dict[str, Injector] = {
@@ -114,6 +187,10 @@ INJECTORS: dict[str, Injector] = {
     "kill_node": _kill_node,
     "spot_preempt": _spot_preempt,
     "slow_gpu": _slow_gpu,
+    "partition": _partition,
+    "kv_events": _kv_events,
+    "router_restart": _router_restart,
+    "transfer_faults": _transfer_faults,
 }
 
 
@@ -127,49 +204,3 @@ def plan_actions(schedule: FaultSchedule, injectors: Mapping[str, Injector] = IN
                                    f"{', '.join(sorted(injectors))})")
         actions.extend(injector(e, i))
     return sorted(actions, key=lambda a: a.at_s)
-
-
-class RayClusterControl:
-    """``ClusterControl`` over a launched cluster (``cluster.launch.ClusterHandle``); remembers the dead."""
-
-    def __init__(self, handle: Any, timeout_s: float = 30.0) -> None:
-        self.handle = handle
-        self.timeout_s = timeout_s
-        self.dead: set[str] = set()
-
-    def _actor(self, engine: str) -> Any:
-        if engine not in self.handle.engine_actor:
-            raise KeyError(f"no engine {engine!r} in the cluster")
-        return self.handle.workers[self.handle.engine_actor[engine]]
-
-    def kill_engine(self, engine: str) -> list[str]:
-        import ray
-
-        index = self.handle.engine_actor[engine]
-        ray.kill(self._actor(engine), no_restart=True)
-        gone = sorted(n for n, a in self.handle.engine_actor.items() if a == index and n not in self.dead)
-        self.dead.update(gone)
-        return gone
-
-    def engines_on_node(self, node: str) -> list[str]:
-        return sorted(n for n, d in self.handle.engines.items() if d.get("node") == node and n not in self.dead)
-
-    def drain(self, engine: str) -> None:
-        import ray
-
-        ray.get(self._actor(engine).drain.remote([engine]), timeout=self.timeout_s)
-
-    def set_slowdown(self, engine: str, factor: float) -> None:
-        import ray
-
-        ray.get(self._actor(engine).set_slowdown.remote([engine], factor), timeout=self.timeout_s)
-
-    def alive_loads(self) -> dict[str, dict[str, Any]]:
-        """Each surviving engine's load (free/total blocks, running)."""
-        import ray
-
-        alive = sorted({self.handle.engine_actor[n] for n in self.handle.engines if n not in self.dead})
-        out: dict[str, dict[str, Any]] = {}
-        for part in ray.get([self.handle.workers[i].load.remote() for i in alive], timeout=self.timeout_s):
-            out.update(part)
-        return out

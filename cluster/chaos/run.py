@@ -4,7 +4,8 @@
 and, once the replay has fixed its origin (emulated time 0), carries out the schedule's actions
 (``cluster.chaos.injectors.plan_actions``) at their emulated times on that same timeline, each Ray call
 off the event loop. Every action is logged with its planned and actual emulated time (``events.jsonl``).
-After the replay it waits (bounded) for the surviving engines to go idle, writes ``chaos_context.json``
+After the replay it waits (bounded) for the surviving engines to go idle and for every router's prefix index
+to equal the engines' caches (``index_agreement``, ``index_converged``), writes ``chaos_context.json``
 (what the history checker needs: ids sent, vocabulary, regions, loads after, dead engines), runs the
 checker (``checker.json``), measures each event's impact (``cluster.chaos.impact``) and writes
 ``chaos.json``: the load test's summary, the event log, the per-event figures and the checker's verdict.
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from cluster.chaos.checker import CONTEXT_FILE, check_folder
+from cluster.chaos.control import RayClusterControl
 from cluster.chaos.impact import event_impact
-from cluster.chaos.injectors import Action, RayClusterControl, plan_actions
+from cluster.chaos.injectors import Action, plan_actions
 from cluster.chaos.schedule import FaultSchedule
 from cluster.loadtest.report import write_json
 from cluster.loadtest.session import LoadTestConfig, run_loadtest
@@ -56,6 +58,17 @@ async def _play(actions: list[Action], control: RayClusterControl, origin: async
             log.append({**entry, "outcome": "done", "killed": dead})
         except Exception as e:  # a failed injection is data for the report, not the end of the run
             log.append({**entry, "outcome": "error", "error": f"{type(e).__name__}: {e}"})
+
+
+def _index_agreement(control: RayClusterControl, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Routers' prefix index against the engines' caches, once equal or at the timeout (the last events
+    and resync snapshots may still be on the wire when the engines go idle)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        agreement = control.index_agreement()
+        if all(v["equal"] for v in agreement.values()) or time.monotonic() >= deadline:
+            return agreement
+        time.sleep(0.2)
 
 
 def _settle(control: RayClusterControl, timeout_s: float) -> dict[str, dict[str, Any]]:
@@ -99,6 +112,7 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
         await player
     (folder / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in log))
     after = await asyncio.to_thread(_settle, control, settle_s)
+    index = await asyncio.to_thread(_index_agreement, control, settle_s)
     run = result.runs[0]
     vocab = sorted({int(d["vocab_size"]) for d in handle.engines.values() if "vocab_size" in d})
     context = {"sent_ids": [str(s.request_id) for s in run.specs], "vocab_size": vocab[0] if len(vocab) == 1 else None,
@@ -111,6 +125,8 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
     summary = {"chaos": True, "schedule": schedule.name, "events": log, "impact": impacts,
                "checker": {k: v for k, v in report.to_json().items() if k != "violations"}
                | {"violations": report.to_json()["violations"][:50]},
-               "dead_engines": sorted(control.dead), "loadtest": result.summary, "folder": str(folder)}
+               "dead_engines": sorted(control.dead), "replaced_engines": control.replaced,
+               "index_agreement": index, "index_converged": all(v["equal"] for v in index.values()),
+               "kv_events_disturbed": control.kv_disturbed, "loadtest": result.summary, "folder": str(folder)}
     write_json(folder / CHAOS_FILE, summary)
     return summary

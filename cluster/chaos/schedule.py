@@ -7,7 +7,8 @@ kept sorted by time (stable for equal times, so the file's order breaks ties).
 
 Kinds and what they mean (the injectors in ``cluster.chaos.injectors`` carry them out):
 
-- ``kill_engine``: the engine's actor is killed abruptly, no restart.
+- ``kill_engine``: the engine's actor is killed abruptly; ``replace_after_s`` (after the kill) brings a
+  fresh engine back.
 - ``kill_node``: every actor placed on that emulated node is killed.
 - ``spot_preempt``: notice, then kill: the engine stops admitting at ``at_s``, its running requests
   finish or move away, and at ``at_s + notice_s`` it is killed; ``replace_after_s`` (after the kill)
@@ -54,9 +55,14 @@ class _Event(Frozen):
 class KillEngine(_Event):
     kind: Literal["kill_engine"] = "kill_engine"
     engine: Name
+    replace_after_s: NonNegativeFloat | None = None
+    """Emulated seconds after the kill until a fresh engine of the same name joins; None: none does."""
 
     def targets(self) -> tuple[str, ...]:
         return (self.engine,)
+
+    def end_s(self) -> float:
+        return self.at_s + (self.replace_after_s or 0.0)
 
 
 class KillNode(_Event):
@@ -220,11 +226,12 @@ def generate_schedule(rng: np.random.Generator, engines: Sequence[str], *, durat
                       slow_duration_s: tuple[float, float] = (5.0, 30.0), keep_alive: int = 1,
                       name: str = "generated") -> FaultSchedule:
     """Draw a schedule: events at Poisson times of mean gap ``every_s`` over ``[0, duration_s)``, each of
-    a kind drawn uniformly from ``kinds`` against an engine drawn uniformly from those still alive.
+    a kind drawn uniformly from ``kinds`` against an engine drawn uniformly from those free at that time.
 
-    At least ``keep_alive`` engines are never killed or preempted without replacement (so the cluster
-    can still serve); once only they remain, destructive kinds are skipped for that draw. Same ``rng``
-    state, same schedule.
+    An engine is free when no earlier event on it is still in effect (a slowdown, a notice, a kill until
+    its replacement joins; forever after a kill without replacement). A kill or preemption is only drawn
+    while more than ``keep_alive`` engines are up (so the cluster can still serve); otherwise that draw
+    becomes a slowdown (when ``slow_gpu`` is among ``kinds``) or nothing. Same ``rng`` state, same schedule.
     """
     unknown = [k for k in kinds if k not in GENERATED_KINDS]
     if unknown or not kinds:
@@ -233,26 +240,34 @@ def generate_schedule(rng: np.random.Generator, engines: Sequence[str], *, durat
         raise ValueError("every_s and duration_s must be positive")
     if not engines:
         raise ValueError("no engine to inject faults into")
-    alive = list(engines)
+    busy_until = dict.fromkeys(engines, 0.0)
+    down: dict[str, tuple[float, float]] = {}
+    """Engine -> (from, until) of its latest kill or preemption (until: inf without replacement)."""
     events: list[dict[str, Any]] = []
     t = float(rng.exponential(every_s))
     while t < duration_s:
         kind = kinds[int(rng.integers(len(kinds)))]
-        target = alive[int(rng.integers(len(alive)))]
-        destructive = kind == "kill_engine" or (kind == "spot_preempt" and replace_after_s is None)
-        if destructive and len(alive) <= keep_alive:
+        free = [e for e in engines if busy_until[e] <= t]
+        up = sum(1 for e in engines if not (e in down and down[e][0] <= t < down[e][1]))
+        if kind in ("kill_engine", "spot_preempt") and up <= keep_alive:
             kind = "slow_gpu" if "slow_gpu" in kinds else ""
-        if kind == "kill_engine":
-            events.append({"kind": kind, "at_s": round(t, 3), "engine": target})
-        elif kind == "spot_preempt":
-            events.append({"kind": kind, "at_s": round(t, 3), "engine": target, "notice_s": notice_s,
-                           "replace_after_s": replace_after_s})
-        elif kind == "slow_gpu":
-            events.append({"kind": kind, "at_s": round(t, 3), "engine": target,
-                           "factor": round(float(rng.uniform(*slow_factor)), 3),
-                           "duration_s": round(float(rng.uniform(*slow_duration_s)), 3)})
-        if kind and (kind == "kill_engine" or (kind == "spot_preempt" and replace_after_s is None)):
-            alive.remove(target)
+        if free and kind:
+            target = free[int(rng.integers(len(free)))]
+            at = round(t, 3)
+            event: dict[str, Any] = {"kind": kind, "at_s": at, "engine": target}
+            if kind in ("kill_engine", "spot_preempt"):
+                killed_at = at + (notice_s if kind == "spot_preempt" else 0.0)
+                event["replace_after_s"] = replace_after_s
+                if kind == "spot_preempt":
+                    event["notice_s"] = notice_s
+                until = killed_at + replace_after_s if replace_after_s is not None else float("inf")
+                down[target] = (at, until)
+                busy_until[target] = until
+            else:
+                event["factor"] = round(float(rng.uniform(*slow_factor)), 3)
+                event["duration_s"] = round(float(rng.uniform(*slow_duration_s)), 3)
+                busy_until[target] = at + event["duration_s"]
+            events.append(event)
         t += float(rng.exponential(every_s))
     return parse_schedule({"name": name, "events": events})
 

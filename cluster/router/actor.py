@@ -35,5 +35,10 @@ class RouterActor:
     async def stats(self) -> dict[str, Any]:
         return self.server.stats()
 
+    async def indexed_hashes(self) -> dict[str, list[int]]:
+        """What the prefix index holds for each worker (chaos runs check it converged to the engines')."""
+        index = self.server.chooser.index
+        return {name: sorted(index.hashes_of(name)) for name in self.server.view.workers}
+
     async def stop(self) -> None:
         await self.http.stop()

@@ -207,6 +207,10 @@ class PrefixIndex:
     def blocks_of(self, worker: WorkerId) -> int:
         return len(self._blocks.get(worker, ()))
 
+    def hashes_of(self, worker: WorkerId) -> frozenset[int]:
+        """The block hashes the index believes ``worker`` holds (to compare with the engine's own state)."""
+        return frozenset(self._blocks.get(worker, ()))
+
     def overlap(self, hashes: Sequence[int], workers: Iterable[WorkerId],
                 now_ms: float | None = None) -> dict[WorkerId, int]:
         """Leading blocks of ``hashes`` each worker holds (0 for a worker that holds none); with ``now_ms``

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import pytest
 
 from cluster.chaos.impact import event_impact, token_throughput
 from cluster.chaos.injectors import Action, UnsupportedEvent, plan_actions
-from cluster.chaos.schedule import parse_schedule
+from cluster.chaos.schedule import KvEvents, parse_schedule
 from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.spec import RequestId
 
@@ -31,6 +34,21 @@ class FakeControl:
     def set_slowdown(self, engine: str, factor: float) -> None:
         self.calls.append(("slow", (engine, factor)))
 
+    def replace_engine(self, engine: str) -> None:
+        self.calls.append(("replace", engine))
+
+    def partition(self, engines: Sequence[str], between: str, on: bool) -> None:
+        self.calls.append(("partition", (tuple(engines), between, on)))
+
+    def disturb_kv_events(self, event: KvEvents, on: bool) -> None:
+        self.calls.append(("kv_events", (event.engines, on)))
+
+    def restart_router(self, down_s: float) -> None:
+        self.calls.append(("restart_router", down_s))
+
+    def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None:
+        self.calls.append(("transfer_faults", plan))
+
 
 def run(actions: list[Action]) -> FakeControl:
     c = FakeControl()
@@ -49,14 +67,29 @@ def test_actions_are_time_ordered_and_do_what_the_event_says() -> None:
                                   ("kill", "a"), ("kill", "b")]
 
 
-@pytest.mark.parametrize("event", [
-    {"kind": "router_restart", "at_s": 1},
-    {"kind": "partition", "at_s": 1, "engines": ["a"], "duration_s": 1},
-    {"kind": "spot_preempt", "at_s": 1, "engine": "a", "replace_after_s": 5},
-])
-def test_events_without_an_injector_fail_before_the_run(event: dict[str, object]) -> None:
-    with pytest.raises(UnsupportedEvent, match=r"events\[0\]"):
-        plan_actions(parse_schedule([event]))
+def test_periods_switch_on_then_off_and_replacements_follow_the_kill() -> None:
+    s = parse_schedule([
+        {"kind": "kill_engine", "at_s": 1, "engine": "a", "replace_after_s": 4},
+        {"kind": "spot_preempt", "at_s": 2, "engine": "b", "notice_s": 1, "replace_after_s": 0.5},
+        {"kind": "partition", "at_s": 3, "engines": ["a", "b"], "between": "engines", "duration_s": 1},
+        {"kind": "kv_events", "at_s": 3, "loss": 0.5, "duration_s": 3},
+        {"kind": "router_restart", "at_s": 7, "down_s": 0.5},
+        {"kind": "transfer_faults", "at_s": 8, "duration_s": 1, "plan": {"rates": {"drop": 0.1}}},
+    ])
+    actions = plan_actions(s)
+    assert [(a.at_s, a.event_index) for a in actions] == [
+        (1, 0), (2, 1), (3, 1), (3, 2), (3, 3), (3.5, 1), (4, 2), (5, 0), (6, 3), (7, 4), (8, 5), (9, 5)]
+    assert run(actions).calls == [
+        ("kill", "a"), ("drain", "b"), ("kill", "b"), ("partition", (("a", "b"), "engines", True)),
+        ("kv_events", ((), True)), ("replace", "b"), ("partition", (("a", "b"), "engines", False)),
+        ("replace", "a"), ("kv_events", ((), False)), ("restart_router", 0.5),
+        ("transfer_faults", {"rates": {"drop": 0.1}}), ("transfer_faults", None)]
+
+
+def test_a_kind_without_injector_fails_before_the_run() -> None:
+    s = parse_schedule([{"kind": "slow_gpu", "at_s": 1, "engine": "a", "factor": 2, "duration_s": 1}])
+    with pytest.raises(UnsupportedEvent, match=r"events\[0\]: slow_gpu"):
+        plan_actions(s, injectors={})
 
 
 def rec(rid: str, sent_s: float, *, ok: bool = True, ttft: float = 100.0, e2e: float = 1000.0,
