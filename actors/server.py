@@ -25,6 +25,7 @@ from actors.feed import FeedHub
 from actors.http import serve_app
 from actors.kv_connector import KVConnector, address_from_json, address_to_json
 from actors.metrics import EngineMetrics
+from actors.migration import TOKEN_INDEX_HEADER, MigrationAgent, MigrationError
 from actors.openai_api import (
     MAX_BODY_BYTES,
     SSE_DONE,
@@ -51,8 +52,11 @@ class EngineServer:
 
     def __init__(self, engine: Engine, metrics: EngineMetrics, *, host: str = "127.0.0.1", port: int = 0,
                  meta: dict[str, Any] | None = None, connector: KVConnector | None = None,
-                 disagg: DisaggSpec | None = None, hub: FeedHub | None = None) -> None:
+                 disagg: DisaggSpec | None = None, hub: FeedHub | None = None,
+                 migration: MigrationAgent | None = None) -> None:
         self.engine = engine
+        self.migration = migration
+        """Live migration and checkpoints (``actors.migration``), when the cluster enables them."""
         self.connector = connector
         self.disagg = disagg or DisaggSpec()
         self.metrics = metrics
@@ -97,6 +101,8 @@ class EngineServer:
         app.router.add_post("/kvmesh/reserve", self.reserve)
         app.router.add_delete("/kvmesh/reserve/{rid}", self.cancel_reservation)
         app.router.add_post("/kvmesh/release/{rid}", self.release)
+        if self.migration is not None:
+            self.migration.add_routes(app)
         return app
 
     async def feed(self, request: web.Request) -> web.WebSocketResponse:
@@ -288,13 +294,20 @@ class EngineServer:
             limit = req.limit() if isinstance(req, ChatCompletionRequest) else req.max_tokens
             params = self._transfer_params(req)
             rid = request.headers.get("X-Request-Id")
-            if params is not None and params.get("do_remote_prefill"):
+            headers: dict[str, str] = {}
+            if params is not None and params.get("resume"):
+                stream = await self._resume(params, headers)
+            elif params is not None and params.get("do_remote_prefill"):
                 stream = await self._remote_prefill(params, req, arrival_ms)
             elif params is not None and params.get("do_remote_decode"):
                 stream = self._prefill_for_remote_decode(params, prompt_ids, req, rid, arrival_ms)
             else:
                 stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
                                             request_id=rid, arrival_ms=arrival_ms)
+                if params is not None and params.get("checkpoint") and self.migration is not None:
+                    self.migration.watch(stream.request_id, params["checkpoint"])
+        except MigrationError as e:
+            return json_error(e.status, str(e), "kv_transfer_params")
         except ApiError as e:
             return json_error(e.status, e.message, e.param)
         except EngineError as e:
@@ -308,12 +321,22 @@ class EngineServer:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 return await self._stream(request, stream, shapes, prompt_ids, include_usage,
-                                          req.return_token_ids or req.output_token_ids, req.return_token_ids)
+                                          req.return_token_ids or req.output_token_ids, req.return_token_ids,
+                                          headers)
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
             self._open.discard(request)
             self.hub.changed(self.engine.cfg.name)
+
+    async def _resume(self, params: dict[str, Any], headers: dict[str, str]) -> RequestStream:
+        """Continue a request that moved here (live migration or a checkpoint); ``headers`` gets the output
+        index of the stream's first token."""
+        if self.migration is None:
+            raise ApiError(400, "this engine takes no migrated requests (kv_migration is off)", "kv_transfer_params")
+        stream, index = await self.migration.resume(params)
+        headers[TOKEN_INDEX_HEADER] = str(index)
+        return stream
 
     def _prefill_for_remote_decode(self, params: dict[str, Any], prompt_ids: list[int],
                                    req: CompletionRequest | ChatCompletionRequest, rid: str | None,
@@ -349,7 +372,7 @@ class EngineServer:
         except asyncio.CancelledError:
             stream.abort()
             raise
-        if reason is FinishReason.ABORT:
+        if reason in (FinishReason.ABORT, FinishReason.MIGRATED):
             return json_error(503, "request aborted: the engine is stopping")
         text = self.tokenizer.decode(ids)
         return web.json_response(shapes.full(text, reason.value, n_prompt, len(ids),
@@ -357,8 +380,9 @@ class EngineServer:
 
     async def _stream(self, request: web.Request, stream: RequestStream, shapes: ResponseShapes,
                       prompt_ids: list[int], include_usage: bool, return_ids: bool,
-                      return_prompt_ids: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                      return_prompt_ids: bool, headers: dict[str, str] | None = None) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **(headers or {})})
         finished = False
         n_out = 0
         pending_prompt_ids = prompt_ids if return_prompt_ids else None
@@ -374,6 +398,13 @@ class EngineServer:
                     await resp.write(sse(error_body(503, "request aborted: the engine is stopping")))
                     finished = True
                     break
+                if reason is FinishReason.MIGRATED:  # it goes on elsewhere: say where, end this stream
+                    moved = self.migration.moved_to.pop(stream.request_id, {}) if self.migration else {}
+                    await resp.write(sse({"kvmesh_migrated": moved}))
+                    await resp.write(SSE_DONE)
+                    await resp.write_eof()
+                    finished = True
+                    return resp
                 n_out += len(ev.token_ids)
                 text = "".join(decode(t) for t in ev.token_ids)
                 await resp.write(sse(shapes.chunk(text, reason.value if reason else None,

@@ -19,6 +19,7 @@ from actors.engine.factory import build_engine
 from actors.feed import FeedDisturbance, FeedHub
 from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
+from actors.migration import MigrationAgent
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
 from transport import FaultPlan, Site, Topology, TransportOptions, make_transport
@@ -61,6 +62,8 @@ class GpuWorker:
         self.engines: dict[str, Engine] = {}
         self.servers: dict[str, EngineServer] = {}
         self.connectors: dict[str, KVConnector] = {}
+        self.agents: dict[str, MigrationAgent] = {}
+        """Live migration and checkpoints per engine (``actors.migration``), when the spec enables them."""
         self.hub = FeedHub(self.spec.feed)
         """One feed for every engine here: a router holds one connection to this actor, not one per engine."""
 
@@ -68,7 +71,8 @@ class GpuWorker:
         """Start every engine and its server; return each engine's URL and placement."""
         by_name = {e.name: e for e in self.spec.engines()}
         out: dict[str, dict[str, Any]] = {}
-        topology = Topology.from_cluster(self.spec) if self.spec.disaggregated else None
+        migration = self.spec.router.kv_migration
+        topology = Topology.from_cluster(self.spec) if self.spec.disaggregated or migration.enabled else None
         for name in self.names:
             inst = by_name[name]
             cfg, cost = build_engine(inst)
@@ -77,7 +81,7 @@ class GpuWorker:
             meta: dict[str, Any] = {"role": inst.role, "region": inst.region, "node": inst.node,
                                     "model": cfg.model_name, "hardware": inst.hardware.name, "tp": inst.tp}
             connector = None
-            if topology is not None and inst.role in ("prefill", "decode"):
+            if topology is not None and (inst.role in ("prefill", "decode") or migration.enabled):
                 # Always behind the fault wrapper (an empty plan draws nothing), so a fault schedule can
                 # switch faults on and cut peers at run time.
                 faults = FaultPlan.model_validate(self.spec.transport.faults or {})
@@ -88,8 +92,13 @@ class GpuWorker:
                                         self.spec.disagg.transfer_timeout_ms, on_record=metrics.on_transfer)
                 meta["kv_address"] = address_to_json(await connector.start())
                 self.connectors[name] = connector
+            agent = None
+            if connector is not None and migration.enabled and inst.role != "prefill":
+                agent = MigrationAgent(engine, connector, metrics.registry, lease_ms=migration.lease_ms,
+                                       timeout_ms=migration.transfer_timeout_ms)
+                self.agents[name] = agent
             server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
-                                  disagg=self.spec.disagg, hub=self.hub)
+                                  disagg=self.spec.disagg, hub=self.hub, migration=agent)
             engine.start()
             url = await server.start()
             self.engines[name] = engine
@@ -179,8 +188,14 @@ class GpuWorker:
             await s.stop()
         for e in self.engines.values():
             await e.stop()
+        for a in self.agents.values():
+            await a.close()
         for c in self.connectors.values():
             await c.close()
+
+    async def migration_stats(self) -> dict[str, dict[str, Any]]:
+        """Per engine: requests migrated in and out, resumed from a checkpoint, and the measured times."""
+        return {n: a.summary() for n, a in self.agents.items()}
 
     async def transfers(self) -> dict[str, dict[str, float]]:
         return {n: c.summary() for n, c in self.connectors.items()}

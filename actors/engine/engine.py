@@ -356,6 +356,10 @@ class Engine:
         self._poke()
         return seq, self._bases[rid]
 
+    def sampling_base(self, rid: RequestId) -> int:
+        """The output model's base of a request in flight here (token i is a function of it and i)."""
+        return self._bases[rid]
+
     def unpause(self, rid: RequestId) -> bool:
         """The move failed: the paused request runs here again, from the KV it holds."""
         seq = self.paused.pop(rid, None)
