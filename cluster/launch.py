@@ -2,8 +2,11 @@
 
 ``launch(spec)`` starts (or attaches to) Ray, places the GPU worker actors (``num_cpus=0``; engines
 packed ``gpus_per_actor`` GPUs to an actor), waits until every engine answers ``/health``, starts the
-router actor, and returns a ``ClusterHandle``. ``handle.shutdown()`` stops exactly what it started: its
-actors by handle, and the Ray instance only when it started it; nothing else on the host is touched.
+router actor, and returns a ``ClusterHandle``. Attached to a Ray cluster (``address``), kvmesh's packages go to
+the workers by ``runtime_env``, and with ``placement.hosts`` each actor is pinned to its host's custom resource
+after ``cluster.placement.plan_placement`` checked that the cluster has every host (nothing starts otherwise).
+``handle.shutdown()`` stops exactly what it started: its actors by handle, and the Ray instance only when it
+started it (never an attached cluster's nodes); nothing else on the host is touched.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from config.cluster import ClusterSpec, EngineInstance
 
 ProgressFn = Callable[[str], None]
+CODE_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_PACKAGES = ("actors", "cluster", "config", "transport")
+"""What an attached cluster's workers import, sent by ``runtime_env`` (``py_modules``)."""
 
 
 @dataclass
@@ -128,7 +135,9 @@ def _init_ray(address: str | None) -> tuple[bool, str | None]:
     if ray.is_initialized():
         return False, None
     if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        # The cluster's nodes may not have this checkout: ship kvmesh's packages with the job.
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"py_modules": [str(CODE_ROOT / p) for p in SHIPPED_PACKAGES]})
         return True, None
     return True, start_local_ray()
 
@@ -166,12 +175,13 @@ def _wait_healthy(urls: list[str], timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.0.1",
+def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = None,
            timeout_s: float = 300.0, progress: ProgressFn | None = None) -> ClusterHandle:
     """Start the cluster described by ``spec`` and return its handle (see the module docstring)."""
     import ray
 
     from actors.worker import GpuWorker
+    from cluster.placement import ROUTER_SHARE, actor_resources, plan_placement, ray_nodes
     from cluster.router.actor import RouterActor
     from cluster.router.checks import check_router_spec
 
@@ -185,15 +195,20 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
     owns, tmp = _init_ray(address)
     handle = ClusterHandle(spec, {}, "", owns_ray=owns, ray_tmp=tmp)
     try:
+        # Hosts checked against the Ray cluster before any actor starts; bind addresses follow the hosts.
+        placement = plan_placement(spec, ray_nodes())
+        node_host = {n.name: n.host for n in spec.nodes}
         groups = pack_engines(spec.engines(), spec.gpus_per_actor)
         say(f"placing {sum(len(g) for g in groups)} engines on {len(groups)} worker actors")
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(GpuWorker)
         spec_json = spec.model_dump_json()
-        handle.workers = [worker_cls.options(name=None).remote(spec_json, [e.name for e in g], host)
-                          for g in groups]
+        handle.workers = [
+            worker_cls.options(name=None, **actor_resources(node_host[g[0].node], sum(e.tp for e in g)))
+            .remote(spec_json, [e.name for e in g], host or placement.bind_for(node_host[g[0].node]))
+            for g in groups]
         started = ray.get([w.start.remote() for w in handle.workers], timeout=timeout_s)
         for i, part in enumerate(started):
-            handle.engines.update(part)
+            handle.engines.update({n: {**d, "host": node_host[d["node"]]} for n, d in part.items()})
             handle.engine_actor.update(dict.fromkeys(part, i))
         handle.worker_pids = ray.get([w.pid.remote() for w in handle.workers], timeout=timeout_s)
         say("waiting for every engine to answer /health")
@@ -201,8 +216,13 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str = "127.0.
         router_cls = ray.remote(num_cpus=0, max_restarts=0)(RouterActor)
         zones: list[str | None] = ([r.name for r in spec.regions] if spec.router.partition_by_residency
                                    else [None])
+        router_host = spec.placement.router_host
+        router_json = spec_json if router_host is None and spec.placement.bind_host == "auto" else spec.model_copy(
+            update={"router": spec.router.model_copy(update={"host": placement.bind_for(router_host)})}
+        ).model_dump_json()
         for zone in zones:
-            handle.routers[zone or "*"] = router_cls.remote(handle.engines, spec_json, zone)
+            handle.routers[zone or "*"] = router_cls.options(**actor_resources(router_host, ROUTER_SHARE)).remote(
+                handle.engines, router_json, zone)
         urls = ray.get([a.start.remote() for a in handle.routers.values()], timeout=timeout_s)
         handle.router_urls = dict(zip(handle.routers, urls, strict=True))
         for url in urls:

@@ -102,11 +102,56 @@ class NodeSpec(Frozen):
     """GPUs in the node; defaults to the hardware profile's gpus_per_node."""
     nic: Name | None = None
     """Link preset for traffic to other nodes of the region; defaults to the topology's."""
+    host: Name | None = None
+    """The Ray host (``placement.hosts``) this node's engines run on; required when hosts are declared."""
     engines: list[EngineGroupSpec] = Field(min_length=1)
 
 
 class RegionSpec(Frozen):
     name: Name
+
+
+class HostSpec(Frozen):
+    """A Ray node of a multi-host cluster, found by its custom resource ``kvmesh_host:<name>``.
+
+    The resource's amount is how many emulated GPUs the host takes (``ray start --resources``); each worker
+    actor asks for its engines' GPUs of it and the router for a sliver, so placement is exact and a spec
+    asking for more than a host offers fails before anything starts (``cluster.placement``).
+    """
+
+    name: Name
+    region: Name | None = None
+    """Region the host is in; when given, every node placed on it must be in that region."""
+
+
+class PlacementSpec(Frozen):
+    """Where the cluster's actors run and which address their servers bind.
+
+    ``hosts`` empty: one host (the embedded Ray, or whichever node Ray picks on a one-node cluster).
+    ``bind_host``: ``auto`` binds 127.0.0.1 on one host and each actor's own node address when the cluster
+    spans hosts; ``0.0.0.0`` (every interface) or a literal address only when written here.
+    """
+
+    hosts: list[HostSpec] = Field(default_factory=list)
+    router_host: Name | None = None
+    """Host of the router(s); required when hosts are declared."""
+    bind_host: str = "auto"
+
+    @field_validator("bind_host")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v != "auto":
+            import ipaddress
+
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"bind_host must be 'auto' or an IP address (e.g. 0.0.0.0), got {v!r}") from None
+        return v
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.hosts) > 1
 
 
 class WanLinkSpec(Frozen):
@@ -250,6 +295,7 @@ class ClusterSpec(Frozen):
     transport: TransportSpec = TransportSpec()
     disagg: DisaggSpec = DisaggSpec()
     feed: FeedSpec = FeedSpec()
+    placement: PlacementSpec = PlacementSpec()
 
     @property
     def disaggregated(self) -> bool:
@@ -402,6 +448,39 @@ def cross_check(spec: ClusterSpec, cat: Catalog) -> list[tuple[str, str]]:
             problems.append(("wan", f"no round-trip time for regions {a!r} and {b!r}: add a 'wan' entry"))
     if spec.router.region is not None and spec.router.region not in used_regions:
         problems.append(("router.region", f"region {spec.router.region!r} has no node"))
+    problems.extend(_placement_problems(spec))
+    return problems
+
+
+def _placement_problems(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """Hosts are unique, every node names a declared host (never placed by luck), regions agree."""
+    pl = spec.placement
+    problems: list[tuple[str, str]] = []
+    hosts = {h.name: h for h in pl.hosts}
+    for name, n in Counter(h.name for h in pl.hosts).items():
+        if n > 1:
+            problems.append(("placement.hosts", f"duplicate host name {name!r}"))
+    region_names = {r.name for r in spec.regions}
+    for k, h in enumerate(pl.hosts):
+        if h.region is not None and h.region not in region_names:
+            problems.append((f"placement.hosts[{k}].region", f"region {h.region!r} is not declared in 'regions'"))
+    for i, node in enumerate(spec.nodes):
+        if node.host is None:
+            if hosts:
+                problems.append((f"nodes[{i}].host", f"node {node.name!r} names no host; with placement.hosts "
+                                                     f"declared every node must ({', '.join(hosts)})"))
+            continue
+        host = hosts.get(node.host)
+        if host is None:
+            problems.append((f"nodes[{i}].host", f"host {node.host!r} is not declared in placement.hosts"
+                                                 f" (declared: {', '.join(hosts) or 'none'})"))
+        elif host.region is not None and host.region != node.region:
+            problems.append((f"nodes[{i}].region", f"node {node.name!r} is in region {node.region!r} but its "
+                                                   f"host {host.name!r} is in {host.region!r}"))
+    if pl.router_host is not None and pl.router_host not in hosts:
+        problems.append(("placement.router_host", f"host {pl.router_host!r} is not declared in placement.hosts"))
+    if hosts and pl.router_host is None:
+        problems.append(("placement.router_host", "with placement.hosts declared the router's host must be named"))
     return problems
 
 
