@@ -16,7 +16,7 @@ from config.profile import EmpiricalProfile
 from config.yamlio import read_yaml, validate
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-CATALOG_FILES = {"hardware.yaml", "models.yaml", "links.yaml", "profiles.yaml"}
+CATALOG_FILES = {"hardware.yaml", "models.yaml", "links.yaml", "profiles.yaml", "tiers.yaml"}
 
 T = TypeVar("T", HardwareProfile, ModelProfile, LinkProfile, EmpiricalProfile)
 

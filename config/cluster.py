@@ -18,6 +18,7 @@ from config.link import LinkProfile
 from config.model import ModelProfile
 from config.profile import EmpiricalProfile
 from config.step_profile import load_step_profile
+from config.tiers import TiersSpec
 from config.yamlio import SpecProblems, read_yaml, validate
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -73,6 +74,8 @@ class EngineGroupSpec(Frozen):
     tp 1, replicas 2, ep 2), which exchange tokens by all-to-all in every MoE layer. As in vLLM, it changes
     nothing for a dense model."""
     scheduler: SchedulerSpec = SchedulerSpec()
+    tiers: TiersSpec = TiersSpec()
+    """KV tiers under the GPU cache (CPU DRAM, local disk) and swap preemption (``config.tiers``); off by default."""
     step_profile: str | None = None
     """A measured step-time table (``config.step_profile``'s CSV format) that replaces the model's
     roofline step times; the path is read where the engine starts (relative: to the working directory)."""
@@ -81,6 +84,8 @@ class EngineGroupSpec(Frozen):
     def _ep_fits(self) -> EngineGroupSpec:
         if self.ep > 1 and (self.ep % self.tp or self.replicas % (self.ep // self.tp)):
             raise ValueError(f"ep ({self.ep}) must be tp ({self.tp}) times a divisor of replicas ({self.replicas})")
+        if self.tiers.enabled and not self.scheduler.enable_prefix_caching:
+            raise ValueError("KV tiers key blocks by their prefix hashes: they need scheduler.enable_prefix_caching")
         return self
 
     @field_validator("step_profile")
