@@ -524,6 +524,13 @@ class Offers:
     def withdraw(self, request_id: RequestId) -> None:
         self._by_request.pop(request_id, None)
 
+    def unpublish(self, request_id: RequestId, block_ids: Iterable[BlockId]) -> None:
+        """Stop offering some blocks of ``request_id`` (a store evicting blocks it published)."""
+        table = self._by_request.get(request_id)
+        if table is not None:
+            for b in block_ids:
+                table.pop(b, None)
+
     def get(self, request_id: RequestId, block_ids: Sequence[BlockId]) -> list[Block]:
         table = self._by_request.get(request_id)
         if table is None:
