@@ -39,6 +39,7 @@ from cluster.router.disagg import DisaggFlow
 from cluster.router.exchange import Call, ClientStream, Whole, json_error, json_whole
 from cluster.router.feed import FeedClient
 from cluster.router.metrics import RouterMetrics
+from cluster.router.migration import KVMigrator
 from cluster.router.proxy import DISCONNECTS, ColocatedFlow, Proxied
 from cluster.router.regions import PrefillEstimate, Topology
 from cluster.router.relay import Relay, StreamState
@@ -89,8 +90,10 @@ class RouterServer:
             connect_timeout_s=spec.connect_timeout_s, read_timeout_s=spec.read_timeout_s * ts,
             connections=spec.upstream_connections))
         self.relay = Relay(self.upstream, self.attempts, self.metrics)
+        self.kv_migrator = KVMigrator(spec.kv_migration, self.chooser, self.attempts, self.relay, self.upstream,
+                                      self.metrics.registry)
         self.colocated = ColocatedFlow(self.chooser, self.attempts, self.relay, self.upstream, self.metrics,
-                                       max_attempts=spec.max_attempts, migrate=spec.migrate)
+                                       max_attempts=spec.max_attempts, migrate=spec.migrate, kv=self.kv_migrator)
         roles = {w.role for w in self.view.workers.values()}
         self.disagg = (DisaggFlow(site.disagg, self.chooser, self.attempts, self.relay, self.upstream,
                                   self.metrics.registry, max_attempts=spec.max_attempts)
@@ -111,6 +114,7 @@ class RouterServer:
 
     async def stop_mechanism(self) -> None:
         await self.deadlines.stop()
+        await self.kv_migrator.close()
         for f in list(self.feeds.values()):
             await f.stop()
         self.feeds.clear()
@@ -131,7 +135,9 @@ class RouterServer:
         self._feed_of[w.name] = url
         feed = self.feeds.get(url)
         if feed is None:
-            feed = self.feeds[url] = FeedClient(url, self.chooser.index, self._feed_session, self.view.now)
+            on_frame = self.kv_migrator.on_frame if self.kv_migrator.enabled else None
+            feed = self.feeds[url] = FeedClient(url, self.chooser.index, self._feed_session, self.view.now,
+                                                on_frame=on_frame)
             await feed.add(w)
             feed.start()
         else:

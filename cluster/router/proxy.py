@@ -23,8 +23,9 @@ from cluster.router.attempt import Attempts
 from cluster.router.choice import Chooser, RoutedRequest
 from cluster.router.exchange import SSE_HEADERS, Call, ClientStream, Whole, json_error
 from cluster.router.metrics import RouterMetrics
+from cluster.router.migration import KVMigrator, Tracked
 from cluster.router.policies import RoutingPolicy
-from cluster.router.relay import Relay, StreamState
+from cluster.router.relay import MIGRATED, Relay, StreamState
 from cluster.router.upstream import Upstream, UpstreamError
 from cluster.router.view import RequestContext, WorkerInfo
 
@@ -60,7 +61,9 @@ class Proxied:
 
 class ColocatedFlow:
     def __init__(self, chooser: Chooser, attempts: Attempts, relay: Relay, upstream: Upstream,
-                 metrics: RouterMetrics, *, max_attempts: int, migrate: bool) -> None:
+                 metrics: RouterMetrics, *, max_attempts: int, migrate: bool, kv: KVMigrator | None = None) -> None:
+        self.kv = kv if kv is not None and kv.enabled else None
+        """Live KV migration and checkpoints (``cluster.router.migration``), when the spec enables them."""
         self.chooser = chooser
         self.attempts = attempts
         self.relay = relay
@@ -82,6 +85,8 @@ class ColocatedFlow:
         payload = self.payload(p)
         headers = {"Content-Type": "application/json"}
         rid = p.call.headers.get("X-Request-Id")
+        if not rid and self.kv is not None and p.req.stream:
+            rid = self.kv.new_request_id()  # the router must name the request to move it
         if rid:
             headers["X-Request-Id"] = rid
         last_error = "no attempt made"
@@ -110,6 +115,11 @@ class ColocatedFlow:
         """One worker's answer relayed to the client; raises _Failed before any byte was sent."""
         st = p.st
         failure: str | None = None
+        tracked = self._tracked(p, worker, headers)
+        if tracked is not None and self.kv is not None:
+            extra = self.kv.checkpoint_params(tracked)
+            if extra is not None:
+                payload = splice_json(payload, {"kv_transfer_params": extra})
         async with self.attempts.on(worker, p.ctx.origin_region):
             st.owe(worker, max(0, p.ctx.num_blocks - p.ctx.overlap.get(worker.name, 0)))
             try:
@@ -137,7 +147,11 @@ class ColocatedFlow:
                         return Whole(up.status, data, {"Content-Type": ctype, **served})
                     try:
                         await p.out.start({**SSE_HEADERS, **served})
-                        failure = await self.relay.relay(up, p.out, st)
+                        if tracked is not None and self.kv is not None:
+                            with self.kv.tracking(tracked):
+                                failure = await self.relay.relay(up, p.out, st)
+                        else:
+                            failure = await self.relay.relay(up, p.out, st)
                         if failure is None:
                             self.attempts.succeeded(worker)
                             await self.relay.finish(p.out, st)
@@ -150,13 +164,33 @@ class ColocatedFlow:
                         return None
             finally:
                 st.settle()
-        # The worker died mid-stream: the client holds part of the answer, so continue it elsewhere.
-        self.attempts.failed(worker)
+        # The worker moved the request (live migration) or died mid-stream: the client holds part of the
+        # answer, so continue it where its KV is (the peer, a checkpoint), else re-prefill it elsewhere.
+        try:
+            if tracked is not None and self.kv is not None and failure is not None:
+                if failure != MIGRATED:
+                    self.attempts.failed(worker)
+                if await self.kv.carry_on(tracked, failure, p.out, p.req.ignore_eos):
+                    await self.relay.finish(p.out, st)
+                    self.metrics.responses.inc_labels("200")
+                    return None
+                worker = tracked.worker
+            elif failure != MIGRATED:
+                self.attempts.failed(worker)
+        except DISCONNECTS:
+            self.metrics.responses.inc_labels("499")
+            return None
         try:
             await self.migrate(p, worker, failure or "stream broke")
         except DISCONNECTS:
             self.metrics.responses.inc_labels("499")
         return None
+
+    def _tracked(self, p: Proxied, worker: WorkerInfo, headers: dict[str, str]) -> Tracked | None:
+        rid = headers.get("X-Request-Id")
+        if self.kv is None or not p.req.stream or not rid:
+            return None
+        return Tracked(rid, worker, p.st, p.req, p.ctx, p.policy)
 
     async def migrate(self, p: Proxied, failed: WorkerInfo, why: str) -> None:
         """Continue a broken stream on other eligible workers: prompt + streamed tokens, remaining budget."""

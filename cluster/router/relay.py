@@ -35,6 +35,10 @@ from cluster.router.view import WorkerInfo
 
 TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 ENDED_EARLY = "the stream ended before its last token"
+MIGRATED = "the engine moved the request to another engine"
+"""``relay``'s answer when the engine ended its stream with a ``kvmesh_migrated`` event (live migration):
+``StreamState.moved`` names the peer (``cluster.router.migration`` relays the rest from there)."""
+MIGRATED_EVENT = b'{"kvmesh_migrated"'
 
 
 class Sink(Protocol):
@@ -57,6 +61,11 @@ class StreamState:
     prompt_tokens: int | None = None
     owed_to: WorkerInfo | None = None
     prefill_owed: int = 0
+    moved: dict[str, Any] | None = None
+    """The engine's ``kvmesh_migrated`` event: the peer the request went on to (live migration)."""
+    skip: int = 0
+    """Tokens at the start of a resumed stream that the client already holds: dropped (dedupe by index)."""
+    deduped: int = 0
 
     def owe(self, worker: WorkerInfo, blocks: int) -> None:
         """``worker`` has ``blocks`` of this prompt to prefill until its first token comes back."""
@@ -126,6 +135,8 @@ class Relay:
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
                 if event == b"data: [DONE]":
+                    if st.moved is not None and not st.finished:
+                        return MIGRATED
                     return None if st.finished or not final else ENDED_EARLY
                 out = self._on_event(event, st, rewrite, final)
                 if out:
@@ -139,6 +150,10 @@ class Relay:
         data = event[6:]
         if b'"error"' in data[:12]:
             return b""  # an aborting engine's last words; the flow decides what the client sees
+        if data.startswith(MIGRATED_EVENT):
+            moved = json.loads(data).get("kvmesh_migrated")
+            st.moved = moved if isinstance(moved, dict) else {}
+            return b""
         if b'"usage"' in data and b'"choices":[]' in data:
             u = json.loads(data).get("usage") or {}
             st.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -151,7 +166,15 @@ class Relay:
         m = TOKEN_IDS.search(data)
         if m and m.group(1):
             st.settle()
-            st.token_ids.extend(int(x) for x in m.group(1).split(b","))
+            ids = [int(x) for x in m.group(1).split(b",")]
+            if st.skip:  # a resumed engine's tokens the client already holds (engines send one per event)
+                dup = min(st.skip, len(ids))
+                st.skip -= dup
+                st.deduped += dup
+                ids = ids[dup:]
+                if not ids:
+                    return b""
+            st.token_ids.extend(ids)
         if b'"finish_reason":"' in data and final:
             st.finished = True
         if not rewrite:
