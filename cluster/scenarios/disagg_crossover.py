@@ -30,7 +30,7 @@ import aiohttp
 from actors.cost_model import CostModel, EmpiricalCostModel, RooflineCostModel, request_colocated, request_disaggregated
 from cluster.launch import ClusterHandle, launch
 from cluster.loadtest.scrape import MetricsText, merge, parse_metrics, transfer_bottleneck
-from cluster.scenarios import Scenario, register_scenario
+from cluster.scenarios import Claim, Finding, Scenario, ScenarioContext, ScenarioResult, Verdict, register_scenario
 from config import ClusterSpec, default_catalog
 
 PROMPTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -334,5 +334,46 @@ def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload
     return result
 
 
+CLAIM_WINS = Claim("disagg-wins-long-prompts", "Prompts >512 tokens + outputs >200 tokens", "lessons-card.md",
+                   "Four methods side by side: Disaggregation wins when")
+CLAIM_SHORT = Claim("colocate-short-prompts", "Colocate prompts < 512 tokens", "lessons-card.md",
+                    "Troubleshooting: Disaggregated is slower")
+
+
+def scenario(ctx: ScenarioContext) -> ScenarioResult:
+    """The sweep as a scenario: its crossovers (analytic and measured) against the card's 512-token line.
+    Options: ``output_tokens`` (default 256, past the card's 200), ``time_scale``, ``profiles``, ``load``."""
+    o = ctx.options
+    output = int(o.get("output_tokens") or 256)
+    res = run(quick=ctx.quick, output=output, time_scale=float(o.get("time_scale") or 5.0), seed=ctx.seed,
+              profiles=o.get("profiles"), load=bool(o.get("load", True)), ucx=not ctx.quick, progress=ctx.progress)
+    parts, wins_at_512, loses_below = [], [], []
+    for prof in res["profiles"]:
+        rows = prof["rows"]
+        colo = {r["prompt"]: r["measured"]["e2e_ms"] for r in rows if r["mode"] == "colocated"}
+        for mode in ("rdma", "tcp"):
+            mine = {r["prompt"]: r["measured"]["e2e_ms"] for r in rows if r["mode"] == mode}
+            x = prof["crossover"][mode]
+            gain = {n: colo[n] / mine[n] for n in mine}
+            parts.append(f"{prof['profile']} {mode}: crossover analytic {x['analytic_prompt_tokens']}, measured "
+                         f"{x['measured_prompt_tokens']}; colocated/disagg e2e "
+                         + ", ".join(f"{n}: {g:.2f}x" for n, g in sorted(gain.items())))
+            wins_at_512.append(all(g > 1 for n, g in gain.items() if n >= 512))
+            loses_below.append(all(g < 1 for n, g in gain.items() if n < 512) and any(n < 512 for n in gain))
+    figure = "; ".join(parts)
+    load_rows = [r for p in res["profiles"] for r in p.get("load", [])]
+    lag = max((r["step_lag_ms"]["p99"] for r in load_rows if isinstance(r.get("step_lag_ms"), dict)
+               and r["step_lag_ms"].get("p99") is not None), default=None)
+    cond = ("isolated requests: the lessons constants make the decode pool 1.8x faster by assumption, so "
+            "disaggregation wins at every length; on the same H100s (roofline) it never wins in isolation, it "
+            "only pays the transfer tax; the gain on real hardware comes from interference under load (the "
+            "load rows' decode ITL)")
+    wins = Verdict.HOLDS if all(wins_at_512) else Verdict.PARTLY if any(wins_at_512) else Verdict.BREAKS
+    short = Verdict.HOLDS if all(loses_below) else Verdict.PARTLY if any(loses_below) else Verdict.BREAKS
+    return ScenarioResult("disagg-crossover", "live cluster (Ray, HTTP, real KV bytes) beside the cost model",
+                          [Finding(CLAIM_WINS, figure, wins, cond), Finding(CLAIM_SHORT, figure, short, cond)],
+                          details=res, step_lag_p99_ms=lag)
+
+
 register_scenario(Scenario("disagg-crossover", "prompt-length sweep: colocated vs 1P1D over RDMA and TCP; "
-                           "decode ITL under load", run))
+                           "decode ITL under load", scenario, (CLAIM_WINS, CLAIM_SHORT), slow=True))
