@@ -22,6 +22,7 @@ from actors.metrics import EngineMetrics
 from actors.migration import MigrationAgent
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
+from config.manifest import refusal
 from transport import FaultPlan, Site, Topology, TransportOptions, make_transport
 from transport.faulty import FaultyTransport
 
@@ -73,8 +74,13 @@ class GpuWorker:
         out: dict[str, dict[str, Any]] = {}
         migration = self.spec.router.kv_migration
         topology = Topology.from_cluster(self.spec) if self.spec.disaggregated or migration.enabled else None
+        refused: dict[str, dict[str, Any]] = {}
         for name in self.names:
             inst = by_name[name]
+            if (why := refusal(self.spec.manifest, inst.group.model, inst.region)) is not None:
+                # the DR manifest's start check: this engine does not start; the launcher leaves it out
+                refused[name] = {"refused": why, "role": inst.role, "region": inst.region, "node": inst.node}
+                continue
             cfg, cost = build_engine(inst)
             metrics = EngineMetrics(cfg.model_name, name)
             engine = Engine(cfg, cost, self.clock, observers=[metrics])
@@ -111,7 +117,7 @@ class GpuWorker:
             for d in out.values():
                 d["feed_url"] = feed_url
         freeze_heap()
-        return out
+        return {**out, **refused}
 
     async def load(self) -> dict[str, dict[str, Any]]:
         return {n: {**e.load(), "inflight": self.servers[n].inflight} for n, e in self.engines.items()}

@@ -43,6 +43,8 @@ class ClusterHandle:
     owns_ray: bool = False
     ray_tmp: str | None = None
     startup_s: float = 0.0
+    refused: dict[str, str] = field(default_factory=dict)
+    """Engines that did not start (the DR manifest's check), with the reason: the router never sees them."""
     worker_pids: list[int] = field(default_factory=list)
     engine_actor: dict[str, int] = field(default_factory=dict)
     """Index into ``workers`` of the actor hosting each engine."""
@@ -208,6 +210,8 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
             for g in groups]
         started = ray.get([w.start.remote() for w in handle.workers], timeout=timeout_s)
         for i, part in enumerate(started):
+            handle.refused.update({n: d["refused"] for n, d in part.items() if "refused" in d})
+            part = {n: d for n, d in part.items() if "refused" not in d}
             handle.engines.update({n: {**d, "host": node_host[d["node"]]} for n, d in part.items()})
             handle.engine_actor.update(dict.fromkeys(part, i))
         handle.worker_pids = ray.get([w.pid.remote() for w in handle.workers], timeout=timeout_s)

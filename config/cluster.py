@@ -15,6 +15,7 @@ from config.catalog import Catalog, catalog_from_context
 from config.errors import ConfigError
 from config.hardware import HardwareProfile
 from config.link import LinkProfile
+from config.manifest import ManifestSpec
 from config.model import ModelProfile
 from config.profile import EmpiricalProfile
 from config.step_profile import load_step_profile
@@ -301,6 +302,8 @@ class ClusterSpec(Frozen):
     disagg: DisaggSpec = DisaggSpec()
     feed: FeedSpec = FeedSpec()
     placement: PlacementSpec = PlacementSpec()
+    manifest: ManifestSpec | None = None
+    """The DR manifest (``config.manifest``): an engine starts only where its model's three files are."""
 
     @property
     def disaggregated(self) -> bool:
