@@ -14,6 +14,7 @@ from config.base import Fraction, Frozen, Name, NonNegativeFloat, PositiveFloat,
 from config.catalog import Catalog, catalog_from_context
 from config.errors import ConfigError
 from config.hardware import HardwareProfile
+from config.kvstore import KVStoreSpec
 from config.link import LinkProfile
 from config.manifest import ManifestSpec
 from config.model import ModelProfile
@@ -302,6 +303,8 @@ class ClusterSpec(Frozen):
     disagg: DisaggSpec = DisaggSpec()
     feed: FeedSpec = FeedSpec()
     placement: PlacementSpec = PlacementSpec()
+    kv_store: KVStoreSpec | None = None
+    """A shared KV store per region (``actors.kvstore``), below every engine's tiers; None: no store."""
     manifest: ManifestSpec | None = None
     """The DR manifest (``config.manifest``): an engine starts only where its model's three files are."""
 

@@ -43,6 +43,7 @@ from cluster.router.migration import KVMigrator
 from cluster.router.proxy import DISCONNECTS, ColocatedFlow, Proxied
 from cluster.router.regions import PrefillEstimate, Topology
 from cluster.router.relay import Relay, StreamState
+from cluster.router.tiers import catalog_pricing
 from cluster.router.upstream import AiohttpUpstream, Upstream, UpstreamLimits
 from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import ClusterSpec, DisaggSpec, RouterSpec
@@ -57,12 +58,16 @@ class RouterSite:
     """How to serve through prefill and decode engines, when the cluster has them."""
     residency_zone: str | None = None
     """A router partitioned to one residency zone sees only that region's workers."""
+    store_link: str = "rdma-ib-ndr400"
+    """Link preset between an engine and its region's KV store (prices store hits: ``cluster.router.tiers``)."""
 
     @staticmethod
     def of(spec: ClusterSpec, residency_zone: str | None = None) -> RouterSite:
         regions = [r.name for r in spec.regions]
         rtt = {(a, b): spec.rtt_ms(a, b) for i, a in enumerate(regions) for b in regions[i + 1:]}
-        return RouterSite(Topology(rtt), spec.disagg if spec.disaggregated else None, residency_zone)
+        store = spec.kv_store.link if spec.kv_store is not None else None
+        return RouterSite(Topology(rtt), spec.disagg if spec.disaggregated else None, residency_zone,
+                          store or spec.transport.intra_region_link)
 
 
 class RouterServer:
@@ -83,8 +88,9 @@ class RouterServer:
                                 self.attempts.wall_now)
         for w in workers:
             w.breaker.threshold, w.breaker.cooldown_s = spec.breaker_threshold, spec.breaker_cooldown_s
-        self.chooser = Chooser(spec, self.view, site.topology, prefill_ms or default_prefill_estimate(),
-                               rng or random.Random(0))
+        estimate = prefill_ms or default_prefill_estimate()
+        self.chooser = Chooser(spec, self.view, site.topology, estimate, rng or random.Random(0),
+                               catalog_pricing(estimate, site.store_link))
         ts = self.clock.time_scale
         self.upstream: Upstream = upstream or AiohttpUpstream(UpstreamLimits(
             connect_timeout_s=spec.connect_timeout_s, read_timeout_s=spec.read_timeout_s * ts,

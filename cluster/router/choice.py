@@ -23,6 +23,7 @@ from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, InflightPrefixes, PrefixIndex
 from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
+from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
 
@@ -56,7 +57,7 @@ class RoutedRequest:
 
 class Chooser:
     def __init__(self, spec: RouterSpec, view: ClusterView, topology: Topology, prefill_ms: PrefillEstimate,
-                 rng: random.Random) -> None:
+                 rng: random.Random, tier_pricing: TierPricing | None = None) -> None:
         self.spec = spec
         self.view = view
         self.rng = rng
@@ -67,6 +68,8 @@ class Chooser:
         self.policy = make_policy(spec.policy, rng, spec.policy_params)
         self._policies: dict[str, RoutingPolicy] = {spec.policy: self.policy}
         self._tokenizers: dict[int, Tokenizer] = {}
+        self.tier_pricing = tier_pricing
+        """Prices prefixes the events place in lower tiers (None: such hits count as misses)."""
 
     def policy_for(self, name: str | None) -> RoutingPolicy:
         """The configured policy, or the one a request names (``X-Route-Policy``) with default parameters."""
@@ -130,6 +133,23 @@ class Chooser:
         if self.needs_prefix(policy):
             self.fill_prompt(ctx, req, pool)
             ctx.overlap = self.overlap(ctx, pool)
+            self.price_tiers(ctx, pool)
+
+    def price_tiers(self, ctx: RequestContext, pool: list[WorkerInfo]) -> None:
+        """Each worker's lower-tier hits past its GPU overlap, and their load cost in prefill blocks."""
+        tiers = self.index.tiers
+        if self.tier_pricing is None or not tiers or not ctx.block_hashes:
+            return
+        by_region: dict[str, list[WorkerId]] = {}
+        for w in self.view.workers.values():
+            by_region.setdefault(w.region, []).append(w.name)
+        for w in pool:
+            gpu = ctx.overlap.get(w.name, 0)
+            counts = tiers.extend(ctx.block_hashes, gpu, w.name, by_region.get(w.region, ()))
+            hits, cost = self.tier_pricing.equivalent_blocks(w, gpu, counts)
+            if hits:
+                ctx.tier_hits[w.name] = hits
+                ctx.tier_load_blocks[w.name] = cost
 
     def rank(self, policy: RoutingPolicy, pool: list[WorkerInfo], ctx: RequestContext) -> list[WorkerInfo]:
         return self.strategy.rank(policy, pool, ctx, self.view)

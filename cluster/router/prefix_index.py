@@ -16,6 +16,11 @@ the attempt fails, when the worker leaves, or ``ttl_ms`` after routing (a reques
 ``ApproximateIndex`` serves engines that publish no events: it remembers which blocks the router sent
 where, for ``ttl_ms``.
 
+Events may name the medium (vLLM's ``medium``: ``["stored", hashes, parent, medium]``, ``["removed", hashes,
+medium]``; absent means ``GPU``): GPU blocks are the index proper, blocks in lower media go to ``tiers``
+(``cluster.router.tiers.TierHoldings``), which ``kv_aware`` prices by their load time. A snapshot replaces the
+GPU state only (it lists the prefix cache).
+
 All answer ``overlap(hashes, workers)``: per worker, how many *leading* blocks of the request it holds;
 ``PrefixIndex.overlap(..., inflight=...)`` counts a block held either way.
 """
@@ -27,6 +32,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, NewType
 
+from actors.engine.tiers.base import MEDIUM_GPU
+from cluster.router.tiers import TierHoldings, medium_of
 from cluster.router.view import WorkerId
 
 Ticket = NewType("Ticket", int)
@@ -122,6 +129,8 @@ class PrefixIndex:
         self._seq: dict[WorkerId, int] = {}
         self._pending: dict[WorkerId, dict[int, list[list[Any]]]] = {}
         self.needs_resync: set[WorkerId] = set()
+        self.tiers = TierHoldings()
+        """Blocks in lower media (CPU, disk, store), from events that name one (``cluster.router.tiers``)."""
         self.applied = 0
         self.duplicates = 0
         self.resyncs = 0
@@ -166,7 +175,11 @@ class PrefixIndex:
         blocks = self._blocks.setdefault(worker, set())
         for ev in events:
             kind = ev[0]
-            if kind == "stored":
+            if kind == "stored" and (medium := medium_of(ev, 3)) != MEDIUM_GPU:
+                self.tiers.stored(worker, medium, ev[1])
+            elif kind == "removed" and (medium := medium_of(ev, 2)) != MEDIUM_GPU:
+                self.tiers.removed(worker, medium, ev[1])
+            elif kind == "stored":
                 for h in ev[1]:
                     blocks.add(h)
                     self._holders.setdefault(h, set()).add(worker)
@@ -194,6 +207,7 @@ class PrefixIndex:
 
     def drop_worker(self, worker: WorkerId) -> None:
         self._forget(worker)
+        self.tiers.forget(worker)
         self._seq.pop(worker, None)
         self._pending.pop(worker, None)
         self.needs_resync.discard(worker)

@@ -173,6 +173,10 @@ class RequestContext:
     prompt_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     overlap: dict[WorkerId, int] = field(default_factory=dict)
+    tier_hits: dict[WorkerId, int] = field(default_factory=dict)
+    """Blocks past ``overlap`` a worker could load from its CPU or disk tier or its region's KV store."""
+    tier_load_blocks: dict[WorkerId, float] = field(default_factory=dict)
+    """What loading ``tier_hits`` costs, in prefill blocks (``cluster.router.tiers.TierPricing``)."""
     text: str = ""
     """The prompt as routing text (what text-based policies such as SGLang's cache_aware match on)."""
     inflight_ticket: int | None = None

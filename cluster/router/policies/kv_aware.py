@@ -17,6 +17,9 @@ or one is drawn with probability proportional to ``exp(-cost / (temperature x me
 near-ties; among equal costs the larger overlap wins (a request for a prefix still prefilling on one worker
 costs that worker its wait behind the prefill, as much as a fresh prefill elsewhere, but keeps one copy of the
 prefix instead of two), then the lighter load. The remaining workers follow by cost, for retries.
+Tiers: a prefix a worker holds in its CPU or disk tier, or in its region's KV store, counts as held, plus what
+loading it costs in prefill blocks (``ctx.tier_load_blocks``: load time over prefill time, at most one per block;
+``cluster.router.tiers``), so a CPU hit beats a cold prefill elsewhere when the load is faster than the compute.
 Without the backlog term the queue a worker
 already has is invisible (its blocks are not allocated yet), and a popular prefix piles requests onto one
 worker. The router's own count of prompts awaiting their first token is exact and current, where a report is up
@@ -65,8 +68,8 @@ class KVAware(PolicyBase):
         self.duplicate_weight = params.duplicate_weight
 
     def cost(self, w: WorkerInfo, ctx: RequestContext, best_overlap: int = 0) -> float:
-        held = ctx.overlap.get(w.name, 0)
-        new = max(0, ctx.num_blocks - held)
+        held = ctx.overlap.get(w.name, 0) + ctx.tier_hits.get(w.name, 0)
+        new = max(0, ctx.num_blocks - held) + ctx.tier_load_blocks.get(w.name, 0.0)
         backlog = max(w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks, w.prefilling_blocks)
         return self.weight * (new + backlog) + w.used_blocks + self.duplicate_weight * max(0, best_overlap - held)
 
