@@ -231,4 +231,5 @@ class KVConnector:
         recs = list(self.records)
         return {"transfers": len(recs), "failures": self.failures,
                 "bytes_emulated": sum(r.emulated_bytes for r in recs),
+                "bytes_real": sum(r.real_bytes for r in recs), "wall_ms": sum(r.wall_ms for r in recs),
                 "real_bottleneck": sum(1 for r in recs if r.real_bottleneck)}
