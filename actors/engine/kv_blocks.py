@@ -60,16 +60,23 @@ def hash_request_blocks(tokens: Sequence[int], block_size: int, extra_keys: byte
 
 
 # -- events --------------------------------------------------------------------------------------------
+MEDIUM_GPU = "GPU"
+"""The medium of the paged GPU cache in vLLM's KV events (``vllm/distributed/kv_events.py: MEDIUM_GPU``);
+the tiers below it (``actors.engine.tiers``) emit the same events with their own medium."""
+
+
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
     block_size: int
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[BlockHash, ...]
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +112,8 @@ class BlockPool:
     free: OrderedDict[BlockId, KVBlock] = field(init=False)
     cached: dict[BlockHash, KVBlock] = field(init=False)
     events: list[KVEvent] = field(init=False)
+    on_evict: Callable[[list[BlockHash]], None] | None = field(default=None, repr=False)
+    """Told the hashes of cached blocks as ``allocate`` evicts them (the KV tiers write them down)."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -147,6 +156,8 @@ class BlockPool:
             out.append(block)
         if removed:
             self.events.append(BlockRemoved(tuple(removed)))
+            if self.on_evict is not None:
+                self.on_evict(removed)
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:

@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from actors.engine.kv_blocks import BlockHash
+from actors.engine.kv_blocks import MEDIUM_GPU, BlockHash
 
-MEDIUM_GPU = "GPU"
-"""vLLM's ``MEDIUM_GPU`` (``vllm/distributed/kv_events.py``)."""
+__all__ = ["MEDIUM_CPU", "MEDIUM_DISK", "MEDIUM_GPU", "MEDIUM_STORE", "KVTier", "PutResult", "TierError",
+           "TierIOError", "TierIntegrity", "TierMiss", "TierTimeout", "TierUsage"]
+
 MEDIUM_CPU = "CPU"
 """vLLM's CPU offloading spec (``CPULoadStoreSpec.medium()``)."""
 MEDIUM_DISK = "DISK"
