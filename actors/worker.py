@@ -81,7 +81,7 @@ class GpuWorker:
                 # the DR manifest's start check: this engine does not start; the launcher leaves it out
                 refused[name] = {"refused": why, "role": inst.role, "region": inst.region, "node": inst.node}
                 continue
-            cfg, cost = build_engine(inst)
+            cfg, cost = build_engine(inst, self.spec.transport.kv_payload_scale)
             metrics = EngineMetrics(cfg.model_name, name)
             engine = Engine(cfg, cost, self.clock, observers=[metrics])
             meta: dict[str, Any] = {"role": inst.role, "region": inst.region, "node": inst.node,

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.clock import LagRecorder
@@ -30,7 +30,9 @@ from actors.engine.kv_blocks import KVEvent
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.scheduler import ScheduledStep, Scheduler, SchedulerLimits, TokenOutput
 from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
+from actors.engine.tiers.admission import attach_tiers
 from actors.engine.tokenizer import OutputModel
+from config.tiers import TiersSpec
 
 
 class EngineClock(Protocol):
@@ -64,6 +66,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     vocab_size: int = 32000
     seed: int = 0
+    tiers: TiersSpec = field(default_factory=TiersSpec)
+    kv_payload_scale: float = 1.0
+    """Real bytes per emulated KV byte in the tiers (the transport's ``kv_payload_scale``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,8 @@ class Engine:
         self.slowdown = 1.0
         """Fault injection (``slow_gpu``): every step takes ``slowdown`` times the cost model's time (a
         straggler or a throttled GPU); 1.0 = as modelled."""
+        self.tiers = attach_tiers(self)
+        """CPU/disk tiers under the GPU cache (``actors.engine.tiers``), None when the config has none."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +182,8 @@ class Engine:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._loop(), name=f"engine-{self.cfg.name}")
             self._reaper = loop.create_task(self._reap(), name=f"engine-reaper-{self.cfg.name}")
+            if self.tiers is not None:
+                self.tiers.chain.start()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -194,6 +203,8 @@ class Engine:
         for rid in list(self.paused):
             self.unpause(rid)
             self.abort(rid)
+        if self.tiers is not None:
+            await self.tiers.chain.close()
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
@@ -488,6 +499,9 @@ class Engine:
             step = self.plan_step(prev_end, self.clock.now_ms())
             if step is None:
                 continue  # an unrunnable request was dropped: plan again
+            if step.empty and self.tiers is not None and self.tiers.loading:
+                prev_end = await self.tiers.wait(self.clock, self._wake)  # only loads in flight
+                continue
             if step.empty:
                 # Nothing can run until something finishes, is aborted or arrives.
                 self._wake.clear()
@@ -589,6 +603,8 @@ class Engine:
 
     def _publish_kv_events(self) -> None:
         events = self.kv.pool.take_events()
+        if self.tiers is not None:
+            events += self.tiers.chain.take_events()
         if not events:
             return
         self.kv_event_seq += 1

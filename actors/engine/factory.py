@@ -69,7 +69,8 @@ def kv_blocks_for(model: ModelProfile, hw: HardwareProfile, tp: int, sched: Sche
     return max(1, int(free // (per_token * sched.block_size)))
 
 
-def build_engine(inst: EngineInstance) -> tuple[EngineConfig, CostModel]:
+def build_engine(inst: EngineInstance, kv_payload_scale: float = 1.0) -> tuple[EngineConfig, CostModel]:
+    """The engine's config and cost model; ``kv_payload_scale`` (the transport's) sizes its tiers' real bytes."""
     sched = inst.group.scheduler
     cost: CostModel
     if inst.model is not None:
@@ -96,5 +97,5 @@ def build_engine(inst: EngineInstance) -> tuple[EngineConfig, CostModel]:
                              sched.enable_chunked_prefill, sched.long_prefill_token_threshold,
                              sched.policy, sched.async_scheduling)
     cfg = EngineConfig(inst.name, name, inst.role, blocks, sched.block_size, limits,
-                       sched.enable_prefix_caching, vocab)
+                       sched.enable_prefix_caching, vocab, tiers=inst.group.tiers, kv_payload_scale=kv_payload_scale)
     return cfg, cost

@@ -42,6 +42,7 @@ from typing import Literal, Protocol
 from actors.cost_model import StepShape
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
+from actors.engine.tiers.admission import Admit, TieredKV
 
 Policy = Literal["fcfs", "priority"]
 
@@ -190,6 +191,8 @@ class Scheduler:
         self.unfreed: list[Sequence] = []
         """Async scheduling: sequences finished in the last step, freed once the next step is planned."""
         self.stats = SchedulerStats()
+        self.tiers: TieredKV | None = None
+        """KV tiers below the GPU (``actors.engine.tiers.admission``): loads at admission, swap preemption."""
 
     # -- queue -------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -206,6 +209,9 @@ class Scheduler:
 
     def abort(self, rid: RequestId) -> Sequence | None:
         self.release(rid)
+        loading = self.tiers.abort(rid) if self.tiers is not None else None
+        if loading is not None:
+            return self._finish(loading, FinishReason.ABORT)
         for seq in self.running:
             if seq.request_id == rid:
                 self.running.remove(seq)
@@ -220,7 +226,7 @@ class Scheduler:
         return len(self.running) + len(self.held) + len(self.unfreed)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or (self.tiers is not None and self.tiers.loading))
 
     def earliest_waiting_arrival(self) -> float | None:
         return min((s.arrival_ms for s in self.waiting), default=None)
@@ -248,6 +254,9 @@ class Scheduler:
         budget = self.limits.max_num_batched_tokens
         kv = self.kv
         scheduled: dict[RequestId, int] = {}
+        if self.tiers is not None and self.tiers.loading:
+            for seq in reversed(self.tiers.collect(now_ms)):  # loads that landed resume first
+                self.waiting.appendleft(seq)
         # (c) async: a sequence that stopped on its own last step is computed once more, its token lost.
         for seq in self.unfreed:
             if seq.finish_reason is FinishReason.STOP and budget > 0 and seq.num_tokens < self.limits.max_context:
@@ -291,6 +300,13 @@ class Scheduler:
                         break
                 else:
                     prefix = kv.find_prefix(seq)
+                    if self.tiers is not None:
+                        admit = self.tiers.try_load(seq, prefix)
+                        if admit is Admit.BLOCKED:
+                            break
+                        if admit is Admit.STARTED:  # it waits for its KV while others step
+                            self.waiting.popleft()
+                            continue
                     computed = prefix.num_tokens(kv.block_size)
                     n = seq.num_tokens - computed
                     threshold = self.limits.long_prefill_token_threshold
@@ -309,7 +325,9 @@ class Scheduler:
                     seq.first_scheduled_ms = now_ms
                     seq.num_cached_prompt_tokens = computed
                     self.stats.prefix_queries += seq.num_prompt_tokens
-                    self.stats.prefix_hits += computed
+                    self.stats.prefix_hits += computed - seq.tier_tokens
+                    if self.tiers is not None:
+                        self.tiers.admitted(seq)
                 self.running.append(seq)
                 step.items.append((seq, n))
                 budget -= n
@@ -326,6 +344,8 @@ class Scheduler:
         self.unfreed.clear()
 
     def _preempt(self, seq: Sequence) -> None:
+        if self.tiers is not None:
+            self.tiers.on_preempt(seq)  # swap: its KV goes to the CPU tier before the blocks are freed
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.preloaded = False  # its transferred KV is gone with its blocks: recompute locally

@@ -61,6 +61,12 @@ class Sequence:
     """The prompt's KV is already in this sequence's blocks (it arrived from a prefill engine)."""
     priority: int = 0
     """Scheduling priority under the ``priority`` policy: lower runs first (as vLLM)."""
+    tier_tokens: int = 0
+    """Tokens of its KV loaded from a tier below the GPU (CPU, disk, store) rather than computed or hit."""
+    swap_tokens: int = 0
+    """Swapped out at preemption: this many computed tokens' KV went to the CPU tier, to be loaded back."""
+    skip_tiers: bool = False
+    """A tier load failed: recompute (set back at the next preemption)."""
 
     @property
     def num_tokens(self) -> int:

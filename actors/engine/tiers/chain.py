@@ -21,7 +21,8 @@ evictions delays later writes, not loads. A load of a block whose write has not 
 
 Failure behaviour: every ``TierError`` from a get, a payload mismatch, or a read exceeding ``io_timeout_s``
 wall seconds fails the load (the scheduler recomputes instead; ``fallbacks`` counts it by medium and
-reason). A failing put drops those blocks (counted as store failures). Nothing here raises into the engine.
+reason). A failing put drops those blocks (``store_failures``, ``store_errors``), never the request.
+Nothing here raises into the engine.
 
 Events: blocks landing in a level emit ``BlockStored`` with its medium, blocks it evicts ``BlockRemoved``;
 swap keys (private to one request, not prefix hashes) are never announced.
@@ -135,6 +136,8 @@ class TierChain:
         self.events: list[KVEvent] = []
         self.stats: dict[str, MediumStats] = {t.medium: MediumStats() for t in self.tiers}
         self.fallback_reasons: Counter[tuple[str, str]] = Counter()
+        """Loads that fell back to recompute, by (medium, error type)."""
+        self.store_errors: Counter[tuple[str, str]] = Counter()
         self.observers: list[TierObserver] = []
         self.on_events: Callable[[], None] | None = None
         self.on_ready: Callable[[], None] | None = None
@@ -210,17 +213,16 @@ class TierChain:
             remaining -= hits[i]
 
     # -- writes ------------------------------------------------------------------------------------
-    def write_down(self, keys: Sequence[BlockHash], *, private: bool = False) -> float:
-        """Stage blocks leaving the GPU and queue their write to the first level. Returns the emulated time
-        the write lands. ``private``: swap keys, never announced in KV events."""
+    def write_down(self, keys: Sequence[BlockHash], *, private: bool = False) -> None:
+        """Stage blocks leaving the GPU and queue their write to the first level. ``private``: swap keys,
+        never announced in KV events."""
         now = self.clock.now_ms()
         first = self.tiers[0]
         new = [k for k in dict.fromkeys(keys) if k not in self.staged and not first.lookup((k,))]
         if private:
             self.private.update(keys)
-        if not new or self._closed:
-            return now
-        return self._stage(0, [(k, self.payloads.payload(k)) for k in new], now)
+        if new and not self._closed:
+            self._stage(0, [(k, self.payloads.payload(k)) for k in new], now)
 
     def _stage(self, level: int, blocks: list[tuple[BlockHash, bytes]], now: float) -> float:
         tier = self.tiers[level]
@@ -243,9 +245,9 @@ class TierChain:
             try:
                 res = await asyncio.wait_for(tier.put(w.blocks), self.io_timeout_s)
             except (TierError, TimeoutError) as e:
-                st.store_failures += len(w.blocks)
+                st.store_failures += len(w.blocks)  # the blocks are lost: a later lookup misses them
+                self.store_errors[(tier.medium, type(e).__name__)] += 1
                 self._unstage(w.blocks)
-                self._fallback(tier.medium, "store_" + type(e).__name__)
                 continue
             self._unstage(w.blocks)
             st.store_blocks += len(res.stored)
