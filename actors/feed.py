@@ -8,10 +8,13 @@ compatible default); with ``?engines=a,b`` those; then ``{"t": "sub", "e": [name
 
 Frames (msgpack maps; ``t`` gives the type, ``e`` the engine):
 - ``snapshot``: ``e``, ``seq`` (last KV event batch number), ``bs`` (block size), ``hashes`` (every block
-  hash the engine's prefix cache holds), ``load``. Sent when an engine joins a connection and whenever the
+  hash the engine's prefix cache holds), ``load``, and with KV tiers ``tiers`` ({medium: [hash, ...]}: what
+  each tier below the GPU holds). Sent when an engine joins a connection and whenever the
   router asks ``{"t": "resync", "e": name}`` (after it saw a gap in ``seq``; without ``e``: every engine).
 - ``kv``: ``e``, ``seq`` and ``events``: ``["stored", [hash, ...], parent | None]``,
   ``["removed", [hash, ...]]``, ``["cleared"]``. Batches are numbered 1, 2, 3 ... per engine without gaps.
+  An event about a tier below the GPU carries its medium last (vLLM's ``medium``: ``"CPU"``, ``"DISK"``):
+  ``["stored", [hash, ...], parent | None, "CPU"]``, ``["removed", [hash, ...], "CPU"]``; GPU events omit it.
 - ``load``: ``loads``: {engine: its load report} for the engines whose report changed.
 - ``beat``: nothing else; says the process (and so every engine on the connection) is alive.
 - ``gone``: ``e``: that engine is not (or no longer) served here.
@@ -53,7 +56,7 @@ import msgpack
 from aiohttp import WSMsgType, web
 
 from actors.engine.engine import Engine
-from actors.engine.kv_blocks import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from actors.engine.kv_blocks import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from config.cluster import FeedSpec
 
 QUEUE_LIMIT = 4096
@@ -66,9 +69,10 @@ def encode_events(events: list[KVEvent]) -> list[list[Any]]:
     out: list[list[Any]] = []
     for ev in events:
         if isinstance(ev, BlockStored):
-            out.append(["stored", list(ev.block_hashes), ev.parent_block_hash])
+            out.append(["stored", list(ev.block_hashes), ev.parent_block_hash]
+                       + ([ev.medium] if ev.medium != MEDIUM_GPU else []))
         elif isinstance(ev, BlockRemoved):
-            out.append(["removed", list(ev.block_hashes)])
+            out.append(["removed", list(ev.block_hashes)] + ([ev.medium] if ev.medium != MEDIUM_GPU else []))
         elif isinstance(ev, AllBlocksCleared):
             out.append(["cleared"])
     return out
@@ -238,8 +242,11 @@ class FeedHub:
 
     def snapshot(self, name: str) -> dict[str, Any]:
         s = self._sources[name]
-        return {"t": "snapshot", "e": name, "seq": s.engine.kv_event_seq, "bs": s.engine.cfg.block_size,
+        snap = {"t": "snapshot", "e": name, "seq": s.engine.kv_event_seq, "bs": s.engine.cfg.block_size,
                 "hashes": list(s.engine.kv.pool.cached.keys()), "load": s.load()}
+        if s.engine.tiers is not None:
+            snap["tiers"] = s.engine.tiers.chain.held()
+        return snap
 
     # -- connections -------------------------------------------------------------------------------
     def _subscribe(self, c: _Connection, names: Iterable[str]) -> None:

@@ -383,6 +383,16 @@ class TierChain:
             o.on_tier_fallback(medium, reason)
 
     # -- reporting ---------------------------------------------------------------------------------
+    def held(self) -> dict[str, list[int]]:
+        """The public keys each in-process level holds, by medium (the feed's snapshot; a shared store
+        reports its own contents)."""
+        out: dict[str, list[int]] = {}
+        for tier in self.tiers:
+            keys = tier.blocks if isinstance(tier, CPUTier) else tier.index if isinstance(tier, DiskTier) else None
+            if keys is not None:
+                out[tier.medium] = [int(k) for k in keys if k not in self.private]
+        return out
+
     def summary(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for tier in self.tiers:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.engine.kv_blocks import BlockHash, BlockRemoved, BlockStored
+from actors.engine.kv_blocks import BlockHash, BlockRemoved, BlockStored, KVEvent
 from actors.engine.tiers.base import (
     MEDIUM_CPU,
     MEDIUM_DISK,
@@ -195,4 +195,25 @@ async def test_private_swap_keys_are_not_announced() -> None:
     await chain.flush()
     ev = chain.take_events()
     assert [e.block_hashes for e in ev if isinstance(e, BlockStored)] == [(BlockHash(6),)]
+    await chain.close()
+
+
+def test_feed_events_carry_the_medium_of_lower_tiers() -> None:
+    from actors.feed import encode_events
+
+    evs: list[KVEvent] = [BlockStored((BlockHash(1),), None, 16), BlockStored((BlockHash(2),), BlockHash(1), 16, MEDIUM_CPU),
+           BlockRemoved((BlockHash(3),), MEDIUM_DISK), BlockRemoved((BlockHash(4),))]
+    assert encode_events(evs) == [["stored", [1], None], ["stored", [2], 1, "CPU"], ["removed", [3], "DISK"],
+                                  ["removed", [4]]]
+
+
+async def test_chain_snapshot_lists_public_keys_by_medium(tmp_path: Path) -> None:
+    chain = chain_of(VirtualClock(), cpu(1), disk(tmp_path, 4))
+    chain.start()
+    chain.write_down(keys(2))
+    chain.write_down([BlockHash(77)], private=True)
+    await chain.flush()
+    held = chain.held()
+    assert sorted(held) == [MEDIUM_CPU, MEDIUM_DISK]
+    assert sorted(held[MEDIUM_CPU] + held[MEDIUM_DISK]) == sorted(int(k) for k in keys(2))
     await chain.close()
