@@ -201,8 +201,9 @@ async def test_private_swap_keys_are_not_announced() -> None:
 def test_feed_events_carry_the_medium_of_lower_tiers() -> None:
     from actors.feed import encode_events
 
-    evs: list[KVEvent] = [BlockStored((BlockHash(1),), None, 16), BlockStored((BlockHash(2),), BlockHash(1), 16, MEDIUM_CPU),
-           BlockRemoved((BlockHash(3),), MEDIUM_DISK), BlockRemoved((BlockHash(4),))]
+    evs: list[KVEvent] = [BlockStored((BlockHash(1),), None, 16),
+                          BlockStored((BlockHash(2),), BlockHash(1), 16, MEDIUM_CPU),
+                          BlockRemoved((BlockHash(3),), MEDIUM_DISK), BlockRemoved((BlockHash(4),))]
     assert encode_events(evs) == [["stored", [1], None], ["stored", [2], 1, "CPU"], ["removed", [3], "DISK"],
                                   ["removed", [4]]]
 
