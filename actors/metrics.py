@@ -26,6 +26,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                480.0, 960.0, 1920.0, 7680.0)
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 1000.0)
 STEP_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
+TIER_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class EngineMetrics:
@@ -84,10 +85,82 @@ class EngineMetrics:
         self.kv_real_bottleneck = Counter("kvmesh:kv_transfer_real_bottleneck",
                                           "Transfers where the real transport, not the emulated link, was slower.",
                                           labels, registry=r).labels(*lv)
+        self._tier_metrics(labels)
         self._last_queries = 0
         self._last_hits = 0
         self._last_preempt = 0
         self._last_prompt = 0
+
+    def _tier_metrics(self, labels: list[str]) -> None:
+        """KV tiers (``actors.engine.tiers``), per medium: vLLM's offloading and external-prefix-cache names,
+        LMCache's retrieve/store latency histograms, and the emulator's hits, misses, evictions, fallbacks."""
+        r, lv = self.registry, self._lv
+        ml = [*labels, "medium"]
+        self.offload_load_bytes = Counter("vllm:kv_offload_load_bytes", "Total bytes loaded from offload storage "
+                                          "to GPU (emulated bytes).", ml, registry=r)
+        self.offload_load_time = Counter("vllm:kv_offload_load_time", "Total load time from offload storage to "
+                                         "GPU, in (emulated) seconds.", ml, registry=r)
+        self.offload_store_bytes = Counter("vllm:kv_offload_store_bytes", "Total bytes stored from GPU to offload "
+                                           "storage (emulated bytes).", ml, registry=r)
+        self.offload_store_time = Counter("vllm:kv_offload_store_time", "Total store time from GPU to offload "
+                                          "storage, in (emulated) seconds.", ml, registry=r)
+        self.time_to_retrieve = Histogram("lmcache:time_to_retrieve", "Time to retrieve KV from a tier (emulated "
+                                          "seconds).", ml, buckets=TIER_BUCKETS, registry=r)
+        self.time_to_store = Histogram("lmcache:time_to_store", "Time to store KV into a tier (emulated seconds).",
+                                       ml, buckets=TIER_BUCKETS, registry=r)
+        self.tier_queried = Counter("kvmesh:kv_tier_queried_blocks", "Blocks looked up in a tier (past the levels "
+                                    "above it).", ml, registry=r)
+        self.tier_hits = Counter("kvmesh:kv_tier_hit_blocks", "Blocks a tier lookup found.", ml, registry=r)
+        self.tier_misses = Counter("kvmesh:kv_tier_miss_blocks", "Blocks a tier lookup did not find.", ml,
+                                   registry=r)
+        self.tier_evictions = Counter("kvmesh:kv_tier_evictions", "Blocks a tier evicted to make room.", ml,
+                                      registry=r)
+        self.tier_fallbacks = Counter("kvmesh:kv_tier_fallbacks", "Tier loads that failed and fell back to "
+                                      "recompute.", [*ml, "reason"], registry=r)
+        self.tier_usage = Gauge("kvmesh:kv_tier_usage_blocks", "Blocks a tier holds.", ml, registry=r)
+        self.external_queries = Counter("vllm:external_prefix_cache_queries", "External prefix cache queries "
+                                        "(KV tiers below the GPU), in tokens.", labels, registry=r).labels(*lv)
+        self.external_hits = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits (tokens "
+                                     "loaded from KV tiers).", labels, registry=r).labels(*lv)
+        self.swaps = Counter("kvmesh:kv_swaps", "Sequences swapped out to the CPU tier at preemption and back in.",
+                             [*labels, "direction"], registry=r)
+        self._last_tiers = (0, 0, 0, 0)
+
+    # -- TierObserver (the engine's tier chain reports here) -------------------------------------------
+    def on_tier_lookup(self, medium: str, queried_blocks: int, hit_blocks: int) -> None:
+        self.tier_queried.labels(*self._lv, medium).inc(queried_blocks)
+        self.tier_hits.labels(*self._lv, medium).inc(hit_blocks)
+        self.tier_misses.labels(*self._lv, medium).inc(queried_blocks - hit_blocks)
+
+    def on_tier_load(self, medium: str, blocks: int, nbytes: float, seconds: float) -> None:
+        self.offload_load_bytes.labels(*self._lv, medium).inc(nbytes)
+        self.offload_load_time.labels(*self._lv, medium).inc(seconds)
+        self.time_to_retrieve.labels(*self._lv, medium).observe(seconds)
+
+    def on_tier_store(self, medium: str, blocks: int, nbytes: float, seconds: float) -> None:
+        self.offload_store_bytes.labels(*self._lv, medium).inc(nbytes)
+        self.offload_store_time.labels(*self._lv, medium).inc(seconds)
+        self.time_to_store.labels(*self._lv, medium).observe(seconds)
+
+    def on_tier_evict(self, medium: str, blocks: int) -> None:
+        self.tier_evictions.labels(*self._lv, medium).inc(blocks)
+
+    def on_tier_fallback(self, medium: str, reason: str) -> None:
+        self.tier_fallbacks.labels(*self._lv, medium, reason).inc()
+
+    def _sync_tiers(self, engine: Engine) -> None:
+        if engine.tiers is None:
+            return
+        c = engine.tiers.counters
+        now = (c.external_queries, c.external_hits, c.swaps_out, c.swaps_in)
+        q, h, so, si = (a - b for a, b in zip(now, self._last_tiers, strict=True))
+        self._last_tiers = now
+        self.external_queries.inc(q)
+        self.external_hits.inc(h)
+        self.swaps.labels(*self._lv, "out").inc(so)
+        self.swaps.labels(*self._lv, "in").inc(si)
+        for tier in engine.tiers.chain.tiers:
+            self.tier_usage.labels(*self._lv, tier.medium).set(tier.usage().blocks)
 
     # -- EngineObserver ----------------------------------------------------------------------------
     def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None:
@@ -101,6 +174,7 @@ class EngineMetrics:
         self.step_lag.observe(lag_wall_ms)
         self.step_time.observe(cost.total_ms)
         self.step_tokens.inc(step.num_tokens)
+        self._sync_tiers(engine)
         self.refresh(engine)
 
     def refresh(self, engine: Engine) -> None:

@@ -7,14 +7,16 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.cost_model import EmpiricalCostModel, StepTime
-from actors.engine.engine import Engine, EngineConfig
+from actors.engine.engine import Engine, EngineConfig, EngineObserver
 from actors.engine.kv_blocks import BlockStored, KVEvent
 from actors.engine.scheduler import ScheduledStep, SchedulerLimits, TokenOutput
 from actors.engine.sequence import Sequence
 from actors.engine.tiers.base import MEDIUM_CPU, MEDIUM_GPU
 from actors.engine.tiers.faulty import FaultyTier
+from actors.metrics import EngineMetrics
 from config import default_catalog
 from config.tiers import CPUTierSpec, TiersSpec
 from tests.virtual_clock import VirtualClock
@@ -45,10 +47,11 @@ class Steps:
 async def make_tiered(vclock: VirtualClock) -> AsyncIterator[MakeTiered]:
     made: list[Engine] = []
 
-    def make(blocks: int, tiers: TiersSpec = CPU_1GB, *, seqs: int = 256, obs: Steps | None = None) -> Engine:
+    def make(blocks: int, tiers: TiersSpec = CPU_1GB, *, seqs: int = 256,
+             obs: list[EngineObserver] | None = None) -> Engine:
         cfg = EngineConfig(f"t{len(made)}", "lesson", "colocated", blocks, 16, SchedulerLimits(seqs, 8192, 100_000),
                            tiers=tiers, kv_payload_scale=1 / 256)
-        eng = Engine(cfg, EmpiricalCostModel(LESSON, "colocated"), vclock, observers=[obs] if obs else None)
+        eng = Engine(cfg, EmpiricalCostModel(LESSON, "colocated"), vclock, observers=obs)
         made.append(eng)
         eng.start()
         return eng
@@ -82,7 +85,8 @@ async def run(eng: Engine, ids: list[int], max_tokens: int, arrival_ms: float | 
 
 async def test_prefix_from_cpu_tier_costs_the_modelled_load(vclock: VirtualClock, make_tiered: MakeTiered) -> None:
     steps = Steps()
-    eng = make_tiered(64, obs=steps)
+    metrics = EngineMetrics("lesson", "t0")
+    eng = make_tiered(64, obs=[steps, metrics])
     events: list[KVEvent] = []
     eng.kv_subscribers.append(lambda _seq, evs: events.extend(evs))
     a, b = prompt(1, 960), prompt(2, 960)
@@ -107,6 +111,15 @@ async def test_prefix_from_cpu_tier_costs_the_modelled_load(vclock: VirtualClock
     assert ("BlockStored", MEDIUM_CPU) in media and ("BlockRemoved", MEDIUM_GPU) in media
     cpu_stored = {h for e in events if isinstance(e, BlockStored) and e.medium == MEDIUM_CPU for h in e.block_hashes}
     assert cpu_stored  # the router learns where evicted prefixes went
+    got = {(m.name, tuple(sorted(m.labels.items()))): m.value
+           for fam in text_string_to_metric_families(metrics.exposition().decode()) for m in fam.samples}
+    cpu_lv = (("engine", "t0"), ("medium", "CPU"), ("model_name", "lesson"))
+    assert got["vllm:kv_offload_load_bytes_total", cpu_lv] == cpu.load_bytes
+    assert got["vllm:kv_offload_store_bytes_total", cpu_lv] == cpu.store_bytes > 0
+    assert got["kvmesh:kv_tier_hit_blocks_total", cpu_lv] == cpu.load_blocks
+    assert got["lmcache:time_to_retrieve_count", cpu_lv] == 1
+    assert got["vllm:external_prefix_cache_hits_total", (("engine", "t0"), ("model_name", "lesson"))] \
+        == cpu.load_blocks * 16
 
 
 async def test_failing_tier_falls_back_to_recompute(vclock: VirtualClock, make_tiered: MakeTiered) -> None:
