@@ -54,6 +54,8 @@ ACTIVATION_BYTES = 2  # activations, attention operands and all-reduce payloads 
 SCORE_FLOPS = 192.0
 # vLLM 0.19 CompilationConfig: the largest capture size is min(2 x max_num_seqs, 512).
 MAX_CAPTURE_SIZE = 512
+FIXED_TERMS_CACHE = 1 << 16
+"""Entries of a roofline model's memo of a step's terms other than attention (cleared when full)."""
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
@@ -216,6 +218,7 @@ class RooflineCostModel:
         per_layer_kv = m.kv_bytes_per_token / layers
         self._kv_bytes_layer = per_layer_kv if m.mla is not None else (
             2 * kv_heads * d * dtype_bytes(m.kv_dtype))
+        self._fixed: dict[tuple[int, int, str], tuple[float, float, float]] = {}
 
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
@@ -288,16 +291,28 @@ class RooflineCostModel:
             t += e.moe_layers * per_layer
         return t
 
+    def _fixed_terms(self, padded: int, seqs: int, mode: str) -> tuple[float, float, float]:
+        """(GEMMs with MoE and LM head, collectives, overheads) of a step: everything but attention, a
+        function of the padded tokens, the sequences and the graph mode alone, hence memoized."""
+        key = (padded, seqs, mode)
+        terms = self._fixed.get(key)
+        if terms is None:
+            m = self.model
+            gemms = self.layer_gemms_ms(padded) + self.gemm_ms(seqs, m.vocab_size / self.tp, m.hidden_size)
+            comm = self.allreduce_ms(padded) + self.alltoall_ms(padded)
+            overhead = (self.eff.step_overhead_us + self.eff.request_overhead_us * seqs
+                        + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3
+            if len(self._fixed) >= FIXED_TERMS_CACHE:
+                self._fixed.clear()
+            terms = self._fixed[key] = (gemms, comm, overhead)
+        return terms
+
     def step(self, shape: StepShape) -> StepTime:
         if shape.empty:
             return StepTime(0.0)
         mode, padded = self.graph_mode(shape)
-        m = self.model
-        gemms = self.layer_gemms_ms(padded) + self.gemm_ms(shape.seqs, m.vocab_size / self.tp, m.hidden_size)
-        attention = m.num_layers * self.attention_ms(shape)
-        comm = self.allreduce_ms(padded) + self.alltoall_ms(padded)
-        overhead = (self.eff.step_overhead_us + self.eff.request_overhead_us * shape.seqs
-                    + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3
+        gemms, comm, overhead = self._fixed_terms(padded, shape.seqs, mode)
+        attention = self.model.num_layers * self.attention_ms(shape)
         total = gemms + attention + comm + overhead
         return StepTime(total, gemms, attention, comm, overhead, mode, padded)
 

@@ -3,9 +3,11 @@ cost model's rooflines match the GPU's measured kernel times."""
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Sequence
 from typing import Annotated
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from config.base import Frozen, Name, NonNegativeFloat, PositiveFloat, PositiveInt
@@ -26,6 +28,19 @@ heads, a MoE's touched experts x width): 1 .. 1M. Too few tiles leave SMs idle w
 # faster than HBM/GDDR streams it.
 MemoryEff = Annotated[float, Field(gt=0, le=2.0)]
 ComputeEff = Annotated[float, Field(gt=0, le=1.0)]
+
+
+def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """``numpy.interp`` for one scalar (same formula, same clamped ends), without numpy's per-call cost:
+    the cost model evaluates a few efficiency curves per op and op per step, millions of times in
+    ``validate``."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    j = bisect.bisect_right(xs, x) - 1
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return float(slope * (x - xs[j]) + ys[j])
 
 
 class OpFit(Frozen):
@@ -61,15 +76,15 @@ class OpFit(Frozen):
         return self
 
     def compute_eff(self, size: float) -> float:
-        return float(np.interp(np.log2(max(size, 1.0)), COMPUTE_KNOTS, self.compute))
+        return interp(math.log2(max(size, 1.0)), COMPUTE_KNOTS, self.compute)
 
     def memory_eff(self, nbytes: float) -> float:
-        return float(np.interp(np.log2(max(nbytes, 1.0)), MEMORY_KNOTS, self.memory))
+        return interp(math.log2(max(nbytes, 1.0)), MEMORY_KNOTS, self.memory)
 
     def parallel_eff(self, width: float) -> float:
         if not self.parallel:
             return 1.0
-        return float(np.interp(np.log2(max(width, 1.0)), PARALLEL_KNOTS, self.parallel))
+        return interp(math.log2(max(width, 1.0)), PARALLEL_KNOTS, self.parallel)
 
     def ms(self, flops: float, nbytes: float, size: float, flops_per_ms: float, bytes_per_ms: float,
            width: float = 1.0) -> float:

@@ -13,6 +13,18 @@ only waiting is skipped, so a run takes as long as its Python bookkeeping (no la
 token, and send the next at once, until ``num_requests`` were sent. Prompts are distinct (their first
 token is the request index), so no prefix is shared by accident.
 
+Decode stretches (``VirtualDriver(fast_forward=True)``, the default): between two events (an arrival, a
+prefill chunk, a finish, a preemption) a closed loop runs many steps that are pure decode of the same
+sequences, each one token longer. The driver runs such a stretch of ``k`` steps at once: the cost model is
+asked for each of the ``k`` steps (a decode step's shape is known in advance: the same sequences, every
+context one longer), each sequence gets its ``k`` tokens, and the KV blocks are allocated and cached at
+the steps where the step-by-step scheduler would (same order, same block ids). It applies only when the
+step-by-step loop could do nothing else: nothing waiting, nothing left unfreed by async scheduling, no
+held blocks, every running sequence decoding, none finishing within the stretch, enough free blocks for
+all ``k`` steps (so no preemption), and no one but the driver listening to the engine. The step that
+finishes a sequence runs through ``plan_step``/``apply_step`` as any other. Exactness is under test: a
+run gives the same records, steps and block pool with and without it.
+
 Failure behaviour: a run whose waiting requests can never be scheduled (nothing running, nothing
 arriving, the head still refused) raises ``VirtualRunStuck`` instead of spinning; a request the engine
 refuses at submission raises the engine's ``EngineError``.
@@ -20,14 +32,18 @@ refuses at submission raises the engine's ``EngineError``.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from actors.clock import Clock
-from actors.cost_model import CostModel, StepTime
+from actors.cost_model import CostModel, StepShape, StepTime
 from actors.engine.engine import Engine, EngineConfig, RequestStream
 from actors.engine.scheduler import ScheduledStep, TokenOutput
 from actors.engine.sequence import RequestId, Sequence
+
+MIN_STRETCH = 2
+"""Decode stretches shorter than this run step by step (the checks cost about one step)."""
 
 
 class VirtualRunStuck(RuntimeError):
@@ -130,7 +146,10 @@ class VirtualDriver:
     request arrives at the emulated time its previous request's last token was emitted.
     """
 
-    def __init__(self, cfg: EngineConfig, cost: CostModel) -> None:
+    def __init__(self, cfg: EngineConfig, cost: CostModel, *, fast_forward: bool = True) -> None:
+        self.fast_forward = fast_forward
+        self.stretches = 0
+        """Decode stretches run at once (module docstring), for tests and profiles."""
         self.time = ManualTime()
         self.engine = Engine(cfg, cost, virtual_clock(self.time), observers=[self])
         self._streams: dict[RequestId, RequestStream] = {}
@@ -192,6 +211,11 @@ class VirtualDriver:
         sched = eng.scheduler
         prev_end: float | None = None
         while sched.has_work():
+            if self.fast_forward and prev_end is not None:
+                end_k = self._decode_stretch(prev_end)
+                if end_k is not None:
+                    prev_end = end_k
+                    continue
             step = eng.plan_step(prev_end, self.time.t * 1000.0)
             if step is None:
                 continue
@@ -205,3 +229,90 @@ class VirtualDriver:
             eng.apply_step(step, cost, end, 0.0)
         self._records.sort(key=lambda r: r.index)
         return RunResult(self._records, eng.steps, self.time.t * 1000.0, sched.stats.preemptions)
+
+    # -- decode stretches --------------------------------------------------------------------------
+    def _stretch_length(self) -> int:
+        """Steps the running sequences can decode before any of them finishes (0: not a pure stretch)."""
+        eng = self.engine
+        sched = eng.scheduler
+        limits = sched.limits
+        if (sched.waiting or sched.unfreed or sched.held or eng.kv_subscribers or eng.chunk_listeners
+                or eng.change_listeners or eng.observers != [self] or eng.slowdown != 1.0):
+            return 0
+        running = sched.running
+        if not running or len(running) > limits.max_num_batched_tokens:
+            return 0
+        k = 1 << 62
+        for seq in running:
+            if seq.hold_blocks or not seq.is_decoding:
+                return 0
+            out = len(seq.output_ids)
+            first = min(seq.max_tokens - out, limits.max_context - seq.num_tokens)
+            if seq.stop_after is not None:
+                first = min(first, seq.stop_after - out)
+            k = min(k, first - 1)  # the step emitting a sequence's last token runs step by step
+        if k < MIN_STRETCH:
+            return 0
+        kv = eng.kv
+        if sum(kv.blocks_needed(seq, k) for seq in running) > kv.pool.num_free:
+            return 0
+        return k
+
+    def _decode_stretch(self, start_ms: float) -> float | None:
+        """Run a decode stretch starting at ``start_ms`` (module docstring); its end, or None if none."""
+        k = self._stretch_length()
+        if k == 0:
+            return None
+        eng = self.engine
+        sched = eng.scheduler
+        kv = eng.kv
+        bs = kv.block_size
+        running = list(sched.running)
+        n = len(running)
+        computed0 = [seq.num_computed_tokens for seq in running]
+        # Blocks: step j (1..k) allocates for a sequence whose token j starts a block (at planning, in
+        # running order) and caches one whose computed tokens fill a block (at completion, in order).
+        allocs: dict[int, list[int]] = defaultdict(list)
+        fills: dict[int, list[int]] = defaultdict(list)
+        for i, c in enumerate(computed0):
+            for j in range(-(-c // bs) * bs - c + 1, k + 1, bs):  # c + j - 1 is a multiple of bs
+                allocs[j].append(i)
+            for j in range(bs - c % bs, k + 1, bs):  # c + j is a multiple of bs
+                fills[j].append(i)
+        next_token = sched.next_token
+        for seq in running:
+            out = seq.output_ids
+            for _ in range(k):
+                out.append(next_token(seq))
+        for j in sorted(allocs.keys() | fills.keys()):
+            for i in allocs.get(j, ()):
+                seq = running[i]
+                seq.num_computed_tokens = computed0[i] + j - 1
+                if not kv.allocate(seq, 1):  # checked in _stretch_length: a bug if it happens
+                    raise RuntimeError(f"decode stretch: no block for {seq.request_id} at step {j} of {k}")
+            for i in fills.get(j, ()):
+                seq = running[i]
+                seq.num_computed_tokens = computed0[i] + j
+                kv.cache_full_blocks(seq)
+        for seq, c in zip(running, computed0, strict=True):
+            seq.num_computed_tokens = c + k
+        # Time: the same steps, one at a time, each every context one token longer.
+        cost = eng.cost
+        context = sum(computed0)
+        end = start_ms
+        prev = start_ms
+        for _ in range(k):
+            context += n
+            t = cost.step(StepShape(decode_seqs=n, decode_context=context, kv_read_tokens=context))
+            eng._last_start = end
+            eng.busy_ms += t.total_ms
+            eng.lag.add(0.0)
+            prev, end = end, end + t.total_ms
+        eng.steps += k
+        sched.stats.generation_tokens += n * k
+        for seq in running:
+            seq.prev_token_ms, seq.last_token_ms = prev, end
+        eng._publish_kv_events()
+        self.time.advance_to_ms(end)
+        self.stretches += 1
+        return end

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from cluster.cli import Command, register
 from cluster.cli.output import console, print_json
-from cluster.validation import DEFAULT_CSV, QUICK_PER_GROUP, REPO_ROOT, CaseResult, validate
+from cluster.validation import DEFAULT_CSV, QUICK_PER_GROUP, REPO_ROOT, CaseResult, default_jobs, validate
 from config.catalog import default_catalog
 from config.errors import ConfigError
 
@@ -33,6 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="most rounds of C requests simulated per row before the steady state (default 20, as aiperf)")
     p.add_argument("--match", metavar="REGEX", help="only rows whose id, model or system this finds "
                                                       "(e.g. 'Llama-3.1-70B.*h200')")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="worker processes (default: one per usable core); rows are independent, figures the same")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
 
 
@@ -78,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
               f"TPOT {r.tpot_ms:.2f} vs {row.silicon_tpot_ms:.2f} ms ({_pct(r.tpot_error)}) "
               f"[{r.wall_s:.1f} s]", file=sys.stderr, flush=True)
 
+    jobs = args.jobs if args.jobs is not None else default_jobs()
     try:
         res = validate(args.csv, cat, quick=args.quick, rounds=args.rounds, per_group=args.per_group,
-                       match=args.match, progress=progress)
+                       match=args.match, progress=progress,
+                       jobs=jobs)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     except re.error as e:
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
             "commit": _commit(), "csv": str(args.csv), "quick": bool(args.quick),
             "bounds": {"ttft_median": TTFT_BOUND, "tpot_median": TPOT_BOUND},
             "all_within_bounds": bool(groups) and all(s.within(TTFT_BOUND, TPOT_BOUND) for s in groups),
-            "rows_replayed": len(res.results), "rows_skipped": len(res.skipped), "wall_s": round(res.wall_s, 2),
+            "rows_replayed": len(res.results), "rows_skipped": len(res.skipped),
+            "wall_s": round(res.wall_s, 2), "jobs": jobs,
             "groups": [{"model": s.model, "gpu": s.system, "rows": s.rows,
                         "ttft_median_ape": round(s.ttft_median, 4), "ttft_p90_ape": round(s.ttft_p90, 4),
                         "ttft_bias": round(s.ttft_bias, 4), "tpot_median_ape": round(s.tpot_median, 4),

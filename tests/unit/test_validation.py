@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from actors.cost_model import RooflineCostModel
+from actors.engine.engine import EngineConfig
 from actors.engine.factory import build_engine
-from actors.engine.virtual import RequestRecord
+from actors.engine.scheduler import SchedulerLimits
+from actors.engine.virtual import ClosedLoop, RequestRecord, VirtualDriver
 from cluster.validation import (
     SiliconRow,
     SteadyState,
@@ -184,3 +186,42 @@ def test_rows_run_with_the_benchmarks_cuda_graph_sizes(tmp_path: Path) -> None:
     assert with_benchmark_graphs(cost, 5) is cost and cost.capture == (1, 2, 3, 4, 5)
     res = validate(write_csv(tmp_path / "s.csv", ROWS[:1]), default_catalog(), rounds=2)
     assert 0.0 <= res.results[0].ttft_queue_ms < res.results[0].ttft_ms
+
+
+def _roofline_driver(fast: bool, blocks: int, seqs: int, budget: int, caching: bool, async_: bool,
+                     ctx: int = 100_000) -> VirtualDriver:
+    cat = default_catalog()
+    cost = RooflineCostModel(cat.hardware.get("h200-141g-sxm"), cat.models.get("llama-3.1-70b-fp8"), 2,
+                             max_num_seqs=seqs, max_num_batched_tokens=budget)
+    limits = SchedulerLimits(seqs, budget, ctx, async_scheduling=async_)
+    cfg = EngineConfig("v", "m", "colocated", blocks, 16, limits, enable_prefix_caching=caching)
+    return VirtualDriver(cfg, cost, fast_forward=fast)
+
+
+@pytest.mark.parametrize(("blocks", "seqs", "budget", "caching", "async_", "ctx", "load"), [
+    (4000, 8, 600, False, True, 100_000, ClosedLoop(8, 40, 300, 57, burst_gap_ms=1.0)),
+    (4000, 6, 256, True, False, 100_000, ClosedLoop(6, 24, 200, 40)),
+    (60, 8, 512, True, True, 100_000, ClosedLoop(8, 24, 50, 90, burst_gap_ms=0.5)),  # KV-bound: preempts
+    (4000, 16, 128, True, True, 100_000, ClosedLoop(16, 48, 300, 70)),  # chunked prefills amid decodes
+])
+def test_decode_stretches_give_the_step_by_step_run_exactly(blocks: int, seqs: int, budget: int, caching: bool,
+                                                           async_: bool, ctx: int, load: ClosedLoop) -> None:
+    slow = _roofline_driver(False, blocks, seqs, budget, caching, async_, ctx)
+    fast = _roofline_driver(True, blocks, seqs, budget, caching, async_, ctx)
+    a, b = slow.run(load), fast.run(load)
+    assert fast.stretches > 0 and slow.stretches == 0
+    assert a.preemptions > 0 or blocks > 60
+    assert b.records == a.records  # every arrival, schedule, token time to the last bit
+    assert (b.steps, b.end_ms, b.preemptions) == (a.steps, a.end_ms, a.preemptions)
+    assert fast.engine.scheduler.stats == slow.engine.scheduler.stats
+    assert fast.engine.busy_ms == pytest.approx(slow.engine.busy_ms, rel=1e-12)
+    pa, pb = slow.engine.kv.pool, fast.engine.kv.pool
+    assert list(pb.free) == list(pa.free) and set(pb.cached) == set(pa.cached)  # same blocks, same order
+
+
+def test_worker_processes_give_the_same_table_in_the_same_order(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "s.csv", ROWS)
+    one = validate(path, default_catalog(), rounds=2)
+    two = validate(path, default_catalog(), rounds=2, jobs=2)
+    assert [(r.case.row.id, r.ttft_ms, r.tpot_ms, r.steps) for r in two.results] == [
+        (r.case.row.id, r.ttft_ms, r.tpot_ms, r.steps) for r in one.results]
