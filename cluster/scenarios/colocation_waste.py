@@ -9,6 +9,8 @@ needs) waits on prefill compute: ``(mixed - decode alone) / mixed``. That is thi
 
 from __future__ import annotations
 
+from typing import Any
+
 from actors.cost_model import RooflineCostModel
 from cluster.scenarios import Claim, Finding, Scenario, ScenarioContext, ScenarioResult, Verdict, register_scenario
 from cluster.scenarios.steady_mix import Mix
@@ -23,7 +25,7 @@ SETUPS = (("llama-3.1-8b", "h100-80g-sxm", 1), ("llama-3.1-70b", "h100-80g-sxm",
 
 def run(ctx: ScenarioContext) -> ScenarioResult:
     cat = default_catalog()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for model, hw, tp in SETUPS:
         cost = RooflineCostModel(cat.hardware.get(hw), cat.models.get(model), tp)
         for m in MIXES:
@@ -37,7 +39,7 @@ def run(ctx: ScenarioContext) -> ScenarioResult:
                          "mixed_ms": round(mixed, 2), "decode_alone_ms": round(dec, 2),
                          "prefill_alone_ms": round(pre, 2),
                          "waste": round((mixed - dec) / mixed, 3)})
-    vals = [r["waste"] for r in rows if r["waste"] is not None]
+    vals: list[float] = [r["waste"] for r in rows if r["waste"] is not None]
     inside = [v for v in vals if 0.2 <= v <= 0.4]
     fig = "; ".join(f"{r['setup']} {r['prompt']}/{r['output']} (batch {r['batch']}): "
                     + (f"{100 * r['waste']:.0f}%" if r["waste"] is not None else "no batch meets the SLO")

@@ -8,6 +8,8 @@ so one pool idles while the other saturates.
 
 from __future__ import annotations
 
+from typing import Any
+
 from actors.cost_model import RooflineCostModel
 from cluster.scenarios import Claim, Finding, Scenario, ScenarioContext, ScenarioResult, Verdict, register_scenario
 from cluster.scenarios.steady_mix import Mix
@@ -22,7 +24,7 @@ MIXES = (Mix(2048, 256, 30.0), Mix(4096, 256, 30.0), Mix(1024, 512, 25.0), Mix(2
 def run(ctx: ScenarioContext) -> ScenarioResult:
     cat = default_catalog()
     cost = RooflineCostModel(cat.hardware.get("h100-80g-sxm"), cat.models.get("llama-3.1-8b"), 1)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m in MIXES:
         colo, b = m.colocated_rate(cost)
         for g in GPUS:
