@@ -67,7 +67,7 @@ class EngineServer:
         self._draining = False
         self.inflight = 0
         self.partitioned = False
-        self._open: set[web.Request] = set()
+        self._open: dict[int, web.Request] = {}
         """Requests being answered (their connections are dropped by a partition)."""
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -124,7 +124,7 @@ class EngineServer:
         """Cut this server off (``on``) or reconnect it (see the module docstring)."""
         self.partitioned = on
         if on:
-            for request in list(self._open):
+            for request in list(self._open.values()):
                 if request.transport is not None:
                     request.transport.close()
 
@@ -316,7 +316,7 @@ class EngineServer:
             return json_error(413, str(e))
         shapes = ResponseShapes(chat, self.engine.cfg.model_name, request.headers.get("X-Request-Id"))
         self.inflight += 1
-        self._open.add(request)
+        self._open[id(request)] = request  # by id: aiohttp requests are not hashable
         try:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -326,7 +326,7 @@ class EngineServer:
             return await self._full(stream, shapes, len(prompt_ids), req.return_token_ids)
         finally:
             self.inflight -= 1
-            self._open.discard(request)
+            self._open.pop(id(request), None)
             self.hub.changed(self.engine.cfg.name)
 
     async def _resume(self, params: dict[str, Any], headers: dict[str, str]) -> RequestStream:

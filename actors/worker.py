@@ -17,6 +17,7 @@ from actors.clock import Clock
 from actors.engine.engine import Engine
 from actors.engine.factory import build_engine
 from actors.feed import FeedDisturbance, FeedHub
+from actors.host_server import HostServer
 from actors.kv_connector import KVConnector, address_to_json
 from actors.metrics import EngineMetrics
 from actors.migration import MigrationAgent
@@ -52,7 +53,14 @@ def freeze_heap() -> None:
 
 
 class GpuWorker:
-    """Hosts the named engines of ``spec`` (wrapped with ``ray.remote`` by the launcher)."""
+    """Hosts the named engines of ``spec`` (wrapped with ``ray.remote`` by the launcher).
+
+    Layout (``spec.engine_server``): ``shared`` (default) serves every engine here on one port by path
+    (``actors.host_server``), ``per_engine`` gives each engine a server and port of its own (the old layout,
+    kept as a benchmark baseline). Either way the engines share this process's event loop, clock (one timer
+    for all their steps) and feed, and stay independent otherwise (scheduler, KV cache, metrics, transport).
+    ``kill_engines`` ends one engine as its death would while the others go on.
+    """
 
     def __init__(self, spec_json: str, engine_names: list[str], host: str = "127.0.0.1") -> None:
         restore_priority()
@@ -67,6 +75,8 @@ class GpuWorker:
         """Live migration and checkpoints per engine (``actors.migration``), when the spec enables them."""
         self.hub = FeedHub(self.spec.feed)
         """One feed for every engine here: a router holds one connection to this actor, not one per engine."""
+        self.host_server = HostServer(self.hub, host) if self.spec.engine_server == "shared" else None
+        self.killed: set[str] = set()
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""
@@ -106,15 +116,22 @@ class GpuWorker:
             server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
                                   disagg=self.spec.disagg, hub=self.hub, migration=agent)
             engine.start()
-            url = await server.start()
+            if self.host_server is not None:
+                self.host_server.mount(name, server)
+            else:
+                await server.start()
             self.engines[name] = engine
             self.servers[name] = server
-            out[name] = {**meta, "url": url, "num_blocks": cfg.num_blocks, "cost_model": cost.name,
+            out[name] = {**meta, "num_blocks": cfg.num_blocks, "cost_model": cost.name,
                          "vocab_size": cfg.vocab_size, "block_size": cfg.block_size}
-        if self.spec.feed.per_actor and out:
-            # Every server here mounts the same hub: the first one's URL carries the whole actor's feed.
-            feed_url = next(iter(out.values()))["url"]
-            for d in out.values():
+        feed_url = None
+        if self.host_server is not None:
+            feed_url = await self.host_server.start()  # the process's feed is at its root
+        elif out:
+            feed_url = next(iter(self.servers.values())).url  # every server here mounts the same hub
+        for name, d in out.items():
+            d["url"] = self.servers[name].url
+            if self.spec.feed.per_actor:
                 d["feed_url"] = feed_url
         freeze_heap()
         return {**out, **refused}
@@ -189,7 +206,32 @@ class GpuWorker:
         """Every block hash each engine's prefix cache holds (what a snapshot would tell a router)."""
         return {n: sorted(e.kv.pool.cached.keys()) for n, e in self.engines.items()}
 
+    async def kill_engines(self, names: list[str]) -> list[str]:
+        """Fault injection: end the named engines here as their death would; the others go on.
+
+        Their clients lose their connections (no answer, no final chunk), their feed says ``gone``, their
+        sequences, reservations and KV transport end. Returns the names killed now (unknown or dead: skipped).
+        """
+        done: list[str] = []
+        for n in names:
+            if n not in self.engines or n in self.killed:
+                continue
+            self.killed.add(n)
+            if self.host_server is not None:
+                self.host_server.kill(n)
+            engine, server = self.engines.pop(n), self.servers.pop(n)
+            await engine.stop()
+            if self.host_server is None:
+                await server.stop()
+            connector = self.connectors.pop(n, None)
+            if connector is not None:
+                await connector.close()
+            done.append(n)
+        return done
+
     async def stop(self) -> None:
+        if self.host_server is not None:
+            await self.host_server.stop()
         for s in self.servers.values():
             await s.stop()
         for e in self.engines.values():

@@ -1,7 +1,7 @@
 """Launching an emulated cluster on Ray: embedded local cluster or an attached one.
 
-``launch(spec)`` starts (or attaches to) Ray, places the GPU worker actors (``num_cpus=0``; engines
-packed ``gpus_per_actor`` GPUs to an actor), waits until every engine answers ``/health``, starts the
+``launch(spec)`` starts (or attaches to) Ray, places the GPU worker actors (``num_cpus=0``; by default one
+per emulated node, or ``gpus_per_actor`` GPUs to an actor), waits until every engine answers ``/health``, starts the
 router actor, and returns a ``ClusterHandle``. Attached to a Ray cluster (``address``), kvmesh's packages go to
 the workers by ``runtime_env``, and with ``placement.hosts`` each actor is pinned to its host's custom resource
 after ``cluster.placement.plan_placement`` checked that the cluster has every host (nothing starts otherwise).
@@ -55,6 +55,26 @@ class ClusterHandle:
 
         ray.kill(self.workers[self.engine_actor[engine]], no_restart=True)
 
+    def kill_engine(self, engine: str, dead: set[str] | None = None, timeout_s: float = 30.0) -> list[str]:
+        """Fault injection: end ``engine`` alone, whatever the density; the engines that died (``[engine]``).
+
+        When it is the last live engine of its actor the process is killed (``ray.kill``); otherwise the actor
+        ends that engine inside (``GpuWorker.kill_engines``: its connections dropped, feed gone, KV transport
+        closed) and its other engines go on. ``dead``: engines already killed (default: none).
+        """
+        import ray
+
+        if engine not in self.engine_actor:
+            raise KeyError(f"no engine {engine!r} in the cluster")
+        gone = dead or set()
+        index = self.engine_actor[engine]
+        alive = [n for n, i in self.engine_actor.items() if i == index and n not in gone and n != engine]
+        if not alive:
+            ray.kill(self.workers[index], no_restart=True)
+        else:
+            ray.get(self.workers[index].kill_engines.remote([engine]), timeout=timeout_s)
+        return [engine]
+
     @property
     def engine_urls(self) -> dict[str, str]:
         return {n: d["url"] for n, d in self.engines.items()}
@@ -101,13 +121,17 @@ class ClusterHandle:
         self.shutdown()
 
 
-def pack_engines(engines: list[EngineInstance], gpus_per_actor: int) -> list[list[EngineInstance]]:
-    """Group engines of one node into actors of at most ``gpus_per_actor`` GPUs (an engine is never split)."""
+def pack_engines(engines: list[EngineInstance], gpus_per_actor: int | None) -> list[list[EngineInstance]]:
+    """Group engines of one node into actors of at most ``gpus_per_actor`` GPUs (an engine is never split).
+
+    None (the default density): one actor per emulated node, whatever its size.
+    """
     groups: list[list[EngineInstance]] = []
     current: list[EngineInstance] = []
     used = 0
     for e in engines:
-        if current and (current[0].node != e.node or used + e.tp > gpus_per_actor):
+        full = gpus_per_actor is not None and used + e.tp > gpus_per_actor
+        if current and (current[0].node != e.node or full):
             groups.append(current)
             current, used = [], 0
         current.append(e)

@@ -293,7 +293,11 @@ class ClusterSpec(Frozen):
     description: str = ""
     time_scale: PositiveFloat = 1.0
     """Wall seconds per emulated second (0.2 runs five times faster than real time)."""
-    gpus_per_actor: PositiveInt = 1
+    gpus_per_actor: PositiveInt | None = None
+    """Emulated GPUs hosted by one Ray actor (process); None: one actor per emulated node (the default)."""
+    engine_server: Literal["shared", "per_engine"] = "shared"
+    """``shared``: one HTTP server per actor, engines addressed by path (``/e/<engine>``); ``per_engine``:
+    a server and port per engine (the old layout, a benchmark baseline)."""
     seed: int = 0
     regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
     wan: list[WanLinkSpec] = Field(default_factory=list)

@@ -74,11 +74,10 @@ class RayClusterControl:
 
     # -- kinds -------------------------------------------------------------------------------------
     def kill_engine(self, engine: str) -> list[str]:
-        import ray
-
-        index = self.handle.engine_actor[engine]
-        ray.kill(self._actor(engine), no_restart=True)
-        gone = sorted(n for n, a in self.handle.engine_actor.items() if a == index and n not in self.dead)
+        """That engine alone, whatever the density (``ClusterHandle.kill_engine``: the process when it was
+        the last live engine there, else the engine inside it)."""
+        self._actor(engine)  # KeyError naming an unknown engine
+        gone = self.handle.kill_engine(engine, self.dead, self.timeout_s)
         self.dead.update(gone)
         return gone
 

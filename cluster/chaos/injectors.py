@@ -10,8 +10,9 @@ real one). Ray control calls are blocking and cost about a millisecond: the runn
 
 What each kind does:
 
-- ``kill_engine``: ``ray.kill`` of the actor hosting the engine. With ``gpus_per_actor`` > 1 the engines
-  sharing that actor die with it (reported in ``dead``). ``replace_after_s``: a fresh actor hosting a fresh
+- ``kill_engine``: that engine alone dies, whatever the density: its actor is killed (``ray.kill``) when it
+  was the last live engine there, else the actor ends the engine inside (connections dropped, feed gone,
+  KV transport closed) and its other engines go on. ``replace_after_s``: a fresh actor hosting a fresh
   engine of the same name starts then and joins every router (``POST /workers``), cache empty.
 - ``kill_node``: every actor hosting an engine of that emulated node, killed.
 - ``spot_preempt``: at the notice the engine stops admitting (``draining``: its ``/health`` and new
