@@ -21,6 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     from cluster.loadtest.formats import format_names
 
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="cluster spec to launch")
+    p.add_argument("--address", help="attach to this Ray cluster (HOST:PORT) instead of starting an embedded one")
     p.add_argument("--schedule", type=Path, required=True, metavar="FILE", help="fault schedule (YAML)")
     p.add_argument("--trace", type=Path, required=True, help="trace file (Mooncake JSONL, Azure CSV, synthetic YAML)")
     p.add_argument("--format", default="auto", choices=["auto", *format_names()], help="trace format")
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"launching cluster {spec.name} ({len(spec.engines())} engines, time scale {spec.time_scale})")
     try:
-        handle = launch(spec)
+        handle = launch(spec, address=args.address)
     except Exception as e:  # Ray and start-up errors come in many types; all mean the same here
         raise SystemExit(f"error: cluster {spec.name} did not start: {type(e).__name__}: {e}") from None
     try:

@@ -33,6 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--target", metavar="URL", help="base URL of a running OpenAI-compatible server")
     where.add_argument("--config", type=Path, metavar="FILE", help="cluster spec to launch, drive and shut down")
+    p.add_argument("--address", help="with --config: attach to this Ray cluster (HOST:PORT) instead of an embedded one")
     p.add_argument("--trace", type=Path, required=True, help="trace file (Mooncake JSONL, Azure CSV, synthetic YAML)")
     p.add_argument("--format", default="auto", choices=["auto", *format_names()],
                    help="trace format (default: detected from the extension or first line)")
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
         out.print(f"launching cluster {spec.name} ({len(spec.engines())} engines, time scale {spec.time_scale})")
         try:
-            handle = launch(spec)
+            handle = launch(spec, address=args.address)
         except Exception as e:  # Ray and start-up errors come in many types; all mean the same here
             raise SystemExit(f"error: cluster {spec.name} did not start: {type(e).__name__}: {e}") from None
         url, time_scale = str(handle.router_url), spec.time_scale
