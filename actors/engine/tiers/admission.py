@@ -202,9 +202,13 @@ def attach_tiers(engine: Engine) -> TieredKV | None:
     cfg = engine.cfg
     chain = build_chain(cfg.tiers, block_size=cfg.block_size, kv_bytes_per_token=engine.cost.kv_bytes_per_token,
                         payload_scale=cfg.kv_payload_scale, clock=engine.clock, label=cfg.name)
-    if chain is None:
-        return None
-    tiers = TieredKV(chain, engine.kv, cfg.tiers.preemption == "swap")
+    return None if chain is None else wire_tiers(engine, chain)
+
+
+def wire_tiers(engine: Engine, chain: TierChain) -> TieredKV:
+    """Wire ``chain`` into ``engine`` (before it starts): what ``attach_tiers`` does with the chain it built;
+    also used for a chain of the shared store alone (``actors.kvstore.engine_side``)."""
+    tiers = TieredKV(chain, engine.kv, engine.cfg.tiers.preemption == "swap")
     engine.kv.pool.on_evict = chain.write_down
     engine.scheduler.tiers = tiers
     chain.on_events = engine._publish_kv_events

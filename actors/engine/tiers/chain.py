@@ -177,6 +177,13 @@ class TierChain:
         for tier in self.tiers:
             await tier.close()
 
+    def append(self, tier: KVTier) -> None:
+        """Add a level at the bottom: the region's shared KV store (``actors.kvstore``), known only once the
+        engine's process has reached it, after the chain was built from the engine's config."""
+        self.tiers.append(tier)
+        self.stats.setdefault(tier.medium, MediumStats())
+        self._write_busy_ms.append(0.0)
+
     # -- queries -----------------------------------------------------------------------------------
     def level_of(self, key: BlockHash) -> int | None:
         """The highest level holding ``key`` (a staged block counts as its target level)."""
