@@ -1,0 +1,1 @@
+"""One static HTML report per run folder (load test, sweep or scenario suite): readable offline."""
