@@ -19,6 +19,7 @@ from actors.engine.factory import build_engine
 from actors.feed import FeedDisturbance, FeedHub
 from actors.host_server import HostServer
 from actors.kv_connector import KVConnector, address_to_json
+from actors.kvstore.engine_side import StoreLink, Stores
 from actors.metrics import EngineMetrics
 from actors.migration import MigrationAgent
 from actors.server import EngineServer
@@ -77,6 +78,14 @@ class GpuWorker:
         """One feed for every engine here: a router holds one connection to this actor, not one per engine."""
         self.host_server = HostServer(self.hub, host) if self.spec.engine_server == "shared" else None
         self.killed: set[str] = set()
+        self.kv_stores: Stores = {}
+        """Each region's KV store actors and addresses (``attach_kv_stores``, before ``start``)."""
+        self.store_link: StoreLink | None = None
+
+    async def attach_kv_stores(self, stores: Stores) -> None:
+        """The regions' shared KV stores (``actors.kvstore``): every engine started here reads and writes its
+        region's store below its own tiers."""
+        self.kv_stores = stores
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""
@@ -115,6 +124,10 @@ class GpuWorker:
                 self.agents[name] = agent
             server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
                                   disagg=self.spec.disagg, hub=self.hub, migration=agent)
+            if self.kv_stores and self.spec.kv_store is not None:
+                if self.store_link is None:
+                    self.store_link = StoreLink(self.spec, self.kv_stores, inst.node, self.host)
+                self.store_link.attach(name, engine, inst.region)
             engine.start()
             if self.host_server is not None:
                 self.host_server.mount(name, server)
@@ -240,6 +253,8 @@ class GpuWorker:
             await a.close()
         for c in self.connectors.values():
             await c.close()
+        if self.store_link is not None:
+            await self.store_link.close()
 
     async def migration_stats(self) -> dict[str, dict[str, Any]]:
         """Per engine: requests migrated in and out, resumed from a checkpoint, and the measured times."""

@@ -38,6 +38,8 @@ class ClusterHandle:
     router_url: str
     workers: list[Any] = field(repr=False, default_factory=list)
     routers: dict[str, Any] = field(repr=False, default_factory=dict)
+    kv_stores: dict[str, list[Any]] = field(repr=False, default_factory=dict)
+    """Each region's KV store actors (the first serves, the second is its replica), when the spec has them."""
     router_urls: dict[str, str] = field(default_factory=dict)
     """Router URL by residency zone when the router is partitioned, else {"*": url}."""
     owns_ray: bool = False
@@ -102,13 +104,13 @@ class ClusterHandle:
 
         if not ray.is_initialized():
             return
-        actors = [*self.routers.values(), *self.workers]
+        actors = [*self.routers.values(), *self.workers, *(s for ss in self.kv_stores.values() for s in ss)]
         with contextlib.suppress(Exception):
             ray.get([a.stop.remote() for a in actors], timeout=20)
         for a in actors:
             with contextlib.suppress(Exception):
                 ray.kill(a)
-        self.workers, self.routers = [], {}
+        self.workers, self.routers, self.kv_stores = [], {}, {}
         if self.owns_ray:
             ray.shutdown()
             if self.ray_tmp:
@@ -232,6 +234,13 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
             worker_cls.options(name=None, **actor_resources(node_host[g[0].node], sum(e.tp for e in g)))
             .remote(spec_json, [e.name for e in g], host or placement.bind_for(node_host[g[0].node]))
             for g in groups]
+        if spec.kv_store is not None:
+            from actors.kvstore.actor import start_stores
+
+            say(f"starting the KV store of {len(spec.regions)} region(s)")
+            stores = start_stores(spec, host or "127.0.0.1", timeout_s)
+            handle.kv_stores = {r: [h for h, _ in hs] for r, hs in stores.items()}
+            ray.get([w.attach_kv_stores.remote(stores) for w in handle.workers], timeout=timeout_s)
         started = ray.get([w.start.remote() for w in handle.workers], timeout=timeout_s)
         for i, part in enumerate(started):
             handle.refused.update({n: d["refused"] for n, d in part.items() if "refused" in d})

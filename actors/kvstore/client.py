@@ -66,7 +66,9 @@ class IndexSource(Protocol):
 
 
 ChangeListener = Callable[[Sequence[BlockHash], Sequence[BlockHash]], None]
-"""(keys now in the store, keys no longer in it): the engine turns them into KV events (medium ``STORE``)."""
+"""(keys now in the store, keys no longer in it), as the syncs and failures reveal them."""
+PutListener = Callable[[Sequence[BlockHash]], None]
+"""Keys this client's put committed in a store (the engine announces them as KV events, medium ``STORE``)."""
 
 
 @dataclass
@@ -98,7 +100,8 @@ class StoreTier:
 
     def __init__(self, transport: KVTransport, stores: Sequence[tuple[Address, IndexSource]], link: LinkProfile,
                  *, payload_scale: float = 1.0, timeout_ms: float = 2_000.0, sync_interval_ms: float = 100.0,
-                 max_put_inflight: int = 8, on_change: ChangeListener | None = None) -> None:
+                 max_put_inflight: int = 8, on_change: ChangeListener | None = None,
+                 on_stored: PutListener | None = None) -> None:
         if not stores:
             raise ValueError("a store tier needs at least one store")
         self.transport = transport
@@ -109,6 +112,7 @@ class StoreTier:
         self.sync_interval_ms = sync_interval_ms
         self.max_put_inflight = max_put_inflight
         self.on_change = on_change
+        self.on_stored = on_stored
         self.stats = ClientStats()
         self._puts: set[asyncio.Task[None]] = set()
         self._sync_task: asyncio.Task[None] | None = None
@@ -192,10 +196,11 @@ class StoreTier:
             self.stats.put_failures += 1
             raise self._tier_error(e, "put") from e
         self.stats.put_blocks += len(wire)
-        fresh = [h for h, _ in blocks if h not in target.keys]
-        target.keys.update(fresh)
-        self._notify(fresh, ())
-        return PutResult(stored=tuple(h for h, _ in blocks))
+        stored = tuple(h for h, _ in blocks)
+        target.keys.update(stored)
+        if self.on_stored is not None:
+            self.on_stored(stored)
+        return PutResult(stored=stored)
 
     def put_behind(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> bool:
         """Put in the background (after a prefill: the step never waits on the store). False when dropped
