@@ -14,7 +14,9 @@ What each kind does:
   was the last live engine there, else the actor ends the engine inside (connections dropped, feed gone,
   KV transport closed) and its other engines go on. ``replace_after_s``: a fresh actor hosting a fresh
   engine of the same name starts then and joins every router (``POST /workers``), cache empty.
-- ``kill_node``: every actor hosting an engine of that emulated node, killed.
+- ``kill_node``: every actor hosting an engine of that emulated node, killed; on the hosts harness
+  (a control that is a ``HostControl``, ``cluster.hosts.faults``) the whole host the node runs on is
+  killed instead: its raylet and every actor on it.
 - ``spot_preempt``: at the notice the engine stops admitting (``draining``: its ``/health`` and new
   requests answer 503, its feed says so and the router stops choosing it); its running requests go on; at
   ``at_s + notice_s`` the actor is killed and the router continues every stream still running there on
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cluster.chaos.schedule import (
     Event,
@@ -55,6 +57,15 @@ from cluster.chaos.schedule import (
 
 class UnsupportedEvent(ValueError):
     """An event this build cannot inject; the message names the event and what is missing."""
+
+
+@runtime_checkable
+class HostControl(Protocol):
+    """A cluster whose nodes run on hosts it can fault as a whole (``cluster.hosts.faults``)."""
+
+    def kill_host_of(self, node: str) -> list[str]:
+        """Kill the host ``node`` runs on (its raylet and every actor on it); the engines that died."""
+        ...
 
 
 class ClusterControl(Protocol):
@@ -123,6 +134,8 @@ def _kill_node(e: Event, i: int) -> list[Action]:
     assert isinstance(e, KillNode)
 
     def do(c: ClusterControl) -> list[str]:
+        if isinstance(c, HostControl):  # on real hosts the whole machine goes, Ray's node with it
+            return c.kill_host_of(e.node)
         dead: list[str] = []
         for name in c.engines_on_node(e.node):
             if name not in dead:
