@@ -64,6 +64,12 @@ def _runs(summary: Mapping[str, Any], folder: Path) -> list[tuple[str, Mapping[s
     return [(str(summary.get("name") or folder.name), summary)]
 
 
+def lag_over(run: Mapping[str, Any]) -> bool:
+    """Whether the run's step lag p99 passed its threshold."""
+    p99 = _get(run, ("step_lag_ms", "p99"))
+    return p99 is not None and float(p99) > float(run.get("step_lag_threshold_ms") or LAG_THRESHOLD_MS)
+
+
 def lagging(run: Mapping[str, Any]) -> str | None:
     """Why this run's figures are untrustworthy (step lag or the summary's own flag), or None."""
     lag = run.get("step_lag_ms") if isinstance(run.get("step_lag_ms"), Mapping) else {}
@@ -104,10 +110,10 @@ def _get(d: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 def summary_section(summary: Mapping[str, Any], folder: Path) -> tuple[str, list[str]]:
     runs = _runs(summary, folder)
     flags = [f"{label}: {why}" for label, r in runs if (why := lagging(r))]
-    head = "".join(f"<th>{html.escape(label)}{' <span class=flag>lagging</span>' if lagging(r) else ''}</th>"
+    head = "".join(f"<th>{html.escape(label)}{' <span class=flag>untrusted</span>' if lagging(r) else ''}</th>"
                    for label, r in runs)
     body = "".join(f"<tr><th scope=row>{html.escape(name)}</th>"
-                   + "".join(f"<td class={'bad' if name.startswith('step lag p99') and lagging(r) else 'num'}>"
+                   + "".join(f"<td class={'bad' if name.startswith('step lag p99') and lag_over(r) else 'num'}>"
                              f"{_e(_get(r, path))}</td>" for _, r in runs) + "</tr>"
                    for name, path in SUMMARY_ROWS)
     notes = [str(n) for _, r in runs for n in (r.get("notes") or [])]
@@ -181,7 +187,8 @@ def render(folder: Path) -> str:
     if not parts:
         raise ReportError(f"{folder}: no summary.json or scenarios.json to report")
     parts.append(plots_section(folder))
-    banner = ("<div class=banner id=lag-flags><b>Untrustworthy figures</b> (the emulator could not keep its clock):<ul>"
+    banner = ("<div class=banner id=lag-flags><b>Untrustworthy figures</b> (step lag: the emulator could not keep its "
+              "clock; or the load generator or the real transport fell behind):<ul>"
               + "".join(f"<li>{html.escape(x)}</li>" for x in flags) + "</ul></div>") if flags else ""
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>kvmesh: {html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>kvmesh report: {html.escape(title)}</h1>"
