@@ -169,3 +169,29 @@ async def test_swap_preemption_resumes_with_the_same_tokens(vclock: VirtualClock
     else:
         assert eng.tiers.counters.swaps_out == 0
         assert eng.scheduler.stats.prompt_tokens >= 512
+
+
+async def test_hanging_tier_times_out_into_recompute() -> None:
+    """On the real clock (the I/O timeout is wall time): a tier that never answers costs ``io_timeout_s``,
+    then the request recomputes and completes."""
+    from actors.clock import Clock
+
+    clock = Clock(0.01, spin_ms=0)
+    cfg = EngineConfig("hang", "lesson", "colocated", 64, 16, SchedulerLimits(256, 8192, 100_000),
+                       tiers=TiersSpec(cpu=CPUTierSpec(capacity_gb=1.0), io_timeout_s=0.05), kv_payload_scale=1 / 256)
+    eng = Engine(cfg, EmpiricalCostModel(LESSON, "colocated"), clock)
+    eng.start()
+    try:
+        a, b = prompt(1, 960), prompt(2, 960)
+        first, _ = await run(eng, a, 4)
+        await run(eng, b, 1)
+        assert eng.tiers is not None
+        await eng.tiers.chain.flush()
+        faulty = FaultyTier(eng.tiers.chain.tiers[0], "hang")
+        eng.tiers.chain.tiers[0] = faulty
+        again, _ = await asyncio.wait_for(run(eng, a, 4), 10)
+        assert again == first and faulty.gets == 1
+        assert eng.tiers.chain.fallback_reasons[(MEDIUM_CPU, "TierTimeout")] == 1
+    finally:
+        await eng.stop()
+    assert not eng.kv.req_blocks and eng.kv.pool.num_free == 64
