@@ -65,7 +65,7 @@ def test_several_nodes_without_hosts_is_refused_not_left_to_luck() -> None:
     spec = ClusterSpec.model_validate({
         "name": "one", "nodes": [{"name": "n", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1,
                                   "engines": [{"name": "e", "model": "lesson-70b-fp8"}]}]})
-    with pytest.raises(PlacementError, match="2 nodes but the spec declares no placement.hosts"):
+    with pytest.raises(PlacementError, match=r"2 nodes but the spec declares no placement\.hosts"):
         plan_placement(spec, nodes(a=1, b=1))
 
 
