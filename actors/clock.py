@@ -13,6 +13,14 @@ resolves every waiter that is due, in deadline order. So 64 engines stepping tog
 loop iteration, not 64, and an idle engine (no waiter) costs nothing. A cancelled waiter is skipped when
 popped. The heap belongs to the running loop: a clock used from a new loop (tests) starts a fresh one.
 
+Two ways to cover the last ``spin_ms`` (``waker``): ``spin`` re-queues the callback every loop turn (the
+process is busy for that millisecond before every deadline: on a small host that CPU is taken from the
+router and the load generator); ``thread`` (the default with the real monotonic clock) has one helper
+thread per clock sleep precisely off the loop (``Condition.wait``, ~0.1 ms slack) until the earliest
+deadline and then wake the loop (``call_soon_threadsafe``): no polling at all, one wake-up per deadline.
+The thread holds no lock while it sleeps and needs the GIL only to post the wake-up; it exits after
+``IDLE_THREAD_S`` without a deadline and is started again by the next one.
+
 Lag is how late a deadline really ended, in wall milliseconds; ``lag_emulated_ms`` divides by the scale
 (a 1 ms wall lag at scale 0.1 is 10 emulated ms).
 """
@@ -22,19 +30,80 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 DEFAULT_SPIN_MS = 1.0
+IDLE_THREAD_S = 5.0
+Waker = Literal["thread", "spin"]
+
+
+class _ThreadWaker:
+    """Sleeps off the loop to a wall deadline (``time.monotonic``), then calls ``fire`` on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
+        self.loop = loop
+        self.fire = fire
+        self._cond = threading.Condition()
+        self._due: float | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def set(self, due: float) -> None:
+        with self._cond:
+            self._due = due
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kvmesh-clock", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        cond, mono = self._cond, time.monotonic
+        while True:
+            with cond:
+                idle_since = mono()
+                while not self._stop:
+                    if self._due is None:
+                        if mono() - idle_since > IDLE_THREAD_S:
+                            self._thread = None
+                            return
+                        cond.wait(IDLE_THREAD_S)
+                        continue
+                    left = self._due - mono()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+                if self._stop:
+                    self._thread = None
+                    return
+                self._due = None
+            try:
+                self.loop.call_soon_threadsafe(self.fire)
+            except RuntimeError:  # the loop is closed
+                with cond:
+                    self._thread = None
+                return
 
 
 class Clock:
     """Emulated time for one process. ``now_ms()`` starts at 0 when the clock is made (or at ``origin``)."""
 
     def __init__(self, time_scale: float = 1.0, *, spin_ms: float = DEFAULT_SPIN_MS,
-                 monotonic: Callable[[], float] = time.monotonic, origin: float | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, origin: float | None = None,
+                 waker: Waker | None = None) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
+        if waker == "thread" and monotonic is not time.monotonic:
+            raise ValueError("the thread waker sleeps in real time: it needs the real monotonic clock")
+        self.waker: Waker = waker or ("thread" if monotonic is time.monotonic else "spin")
+        self._thread_waker: _ThreadWaker | None = None
         self.time_scale = time_scale
         self.spin_s = max(0.0, spin_ms) / 1000.0
         self._monotonic = monotonic
@@ -43,8 +112,8 @@ class Clock:
         self._order = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed: asyncio.Handle | None = None
-        self._armed_for = 0.0
-        """The deadline (wall) the armed callback serves; re-armed when an earlier waiter arrives."""
+        self._armed_for = float("inf")
+        """The deadline (wall) the armed wake-up serves (inf: none); re-armed when an earlier waiter arrives."""
         self.polls = 0
         """How many times the shared timer woke (a measure of the polling cost)."""
 
@@ -79,29 +148,37 @@ class Clock:
             return (mono() - target) * 1000.0
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._heap, self._armed = loop, [], None
+            if self._thread_waker is not None:
+                self._thread_waker.stop()
+            self._loop, self._heap, self._armed, self._armed_for = loop, [], None, float("inf")
+            self._thread_waker = _ThreadWaker(loop, self._fire) if self.waker == "thread" else None
         fut: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._heap, (target, next(self._order), fut))
-        if self._armed is None or target < self._armed_for:
+        if target < self._armed_for:
             self._arm(loop)
         await fut
         return max(0.0, (mono() - target) * 1000.0)
 
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        """(Re)schedule the one timer callback for the earliest waiter: a timer, or the next loop turn when close."""
+        """(Re)schedule the one wake-up for the earliest waiter (``_armed_for``; inf: none armed)."""
         if self._armed is not None:
             self._armed.cancel()
             self._armed = None
         while self._heap and self._heap[0][2].done():
             heapq.heappop(self._heap)  # cancelled waiters (a stopped engine)
         if not self._heap:
+            self._armed_for = float("inf")
             return
         self._armed_for = self._heap[0][0]
+        if self._thread_waker is not None:
+            self._thread_waker.set(self._armed_for)
+            return
         remaining = self._armed_for - self._monotonic() - self.spin_s
         self._armed = loop.call_later(remaining, self._fire) if remaining > 0 else loop.call_soon(self._fire)
 
     def _fire(self) -> None:
         self._armed = None
+        self._armed_for = float("inf")
         self.polls += 1
         now = self._monotonic()
         heap = self._heap

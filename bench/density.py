@@ -1,19 +1,29 @@
-"""Emulation density: what idle emulated GPUs cost, and how many tokens/s a few of them stream in time.
+"""Emulation density: what idle emulated GPUs cost, how many tokens/s they stream in time, at what CPU cost.
 
-Figures, each beside its same-run baseline (the old feed: one WebSocket per engine, every engine's load
-every 50 ms whether it changed or not: ``FeedSpec(per_actor=False, only_changes=False, heartbeat_ms=50)``):
-- idle CPU: cores the worker actors and the router burn together with no request, for 64 and 256 emulated
-  GPUs packed ``GPUS_PER_ACTOR`` to an actor, measured from /proc over a window after start-up settles;
-  per emulated GPU too. Goal: 256 idle GPUs under 0.1 core. (The old engine's 50 ms lease-reaper timer
-  is gone from the code, so the baseline understates the old cost.)
-- capacity: the highest output tokens/s streamed through the router by 4 emulated GPUs with engine step
-  lag p99 <= 5 ms (``bench/engine.py``'s closed-loop ladder, reused), new feed and old.
-``--quick``: shorter windows and the capacity ladder's first four levels.
+Layouts compared in the same run:
+- ``new``: the default: one actor per emulated node, its engines on one HTTP server by path, one timer per
+  process, the feed per actor and on change;
+- ``old``: one actor per GPU, a server per engine, the old feed (one WebSocket per engine, every engine's
+  load every 50 ms): ``gpus_per_actor 1, engine_server per_engine, FeedSpec(per_actor=False,
+  only_changes=False, heartbeat_ms=50)``.
+
+Figures (``--parts``, default all):
+- ``idle``: cores the worker actors and the router burn together with no request, for 64 and 256 emulated
+  GPUs (``IDLE_GPUS_PER_ACTOR`` to an actor: 256 actors do not fit this host), new feed vs old feed; per
+  emulated GPU too. Goal: 256 idle GPUs under 0.1 core.
+- ``capacity``: the highest output tokens/s streamed through the router with engine step-lag p99 <= 5 ms
+  (``bench/engine.py``'s closed-loop ladder: concurrency rises until the lag bound breaks) at 4, 16 and 64
+  emulated GPUs, with the CPU microseconds per output token end to end (workers + router + the load
+  generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit).
+  Goal: 3x the old layout's tokens/s at 4 GPUs.
+- ``mooncake``: the first 60 s of the Mooncake conversation trace (``../shared/traces/``) on 8 GPUs at time
+  scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms.
+``--quick`` (about a minute): idle at 64 GPUs only, capacity at 4 GPUs (3 levels of 4 s), Mooncake 15 s,
+new layout only for Mooncake. The host is shared: other processes' load shows in every figure.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,44 +34,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
 from bench._common import emit, parser
-from bench.engine import LAG_BOUND_MS, capacity
-from cluster.launch import ClusterHandle, launch, start_local_ray
+from bench.engine import LAG_BOUND_MS, capacity, cpu_seconds, process_pids
+from cluster.launch import launch, start_local_ray
 from config import ClusterSpec
 
-GPUS_PER_ACTOR = 64
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+IDLE_GPUS_PER_ACTOR = 64
 GOAL_IDLE_CORES_256 = 0.1
-FEEDS: dict[str, dict[str, Any]] = {
+GOAL_CAPACITY_RATIO_4GPU = 3.0
+OLD_FEED: dict[str, Any] = {"per_actor": False, "only_changes": False, "heartbeat_ms": 50.0}
+LAYOUTS: dict[str, dict[str, Any]] = {
     "new": {},
-    "old": {"per_actor": False, "only_changes": False, "heartbeat_ms": 50.0},
+    "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED},
 }
+OLD_LAYOUT_MAX_GPUS = 16
+"""Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
 
 
-def spec(gpus: int, feed: dict[str, Any], scale: float = 1.0) -> ClusterSpec:
+def spec(gpus: int, layout: dict[str, Any], scale: float = 1.0, nodes: int = 1) -> ClusterSpec:
+    per = gpus // nodes
     return ClusterSpec.model_validate({
-        "name": f"bench-density-{gpus}", "time_scale": scale, "gpus_per_actor": min(gpus, GPUS_PER_ACTOR),
-        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": gpus,
-                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": gpus}]}],
-        "router": {"policy": "least_loaded"}, "feed": feed})
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its reaped children (/proc/<pid>/stat fields 14-17)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def pids_of(h: ClusterHandle) -> dict[str, int]:
-    out = {f"worker{i}": p for i, p in enumerate(h.worker_pids)}
-    for zone, r in h.routers.items():
-        out[f"router{zone}"] = int(ray.get(r.pid.remote(), timeout=30))
-    return out
+        "name": f"bench-density-{gpus}", "time_scale": scale, **layout,
+        "nodes": [{"name": f"n{i}", "region": "local", "hardware": "h100-80g-sxm", "gpus": per,
+                   "engines": [{"name": f"e{i}", "model": "llama-3.1-8b", "replicas": per}]} for i in range(nodes)],
+        "router": {"policy": "least_loaded"}})
 
 
 def idle(gpus: int, feed: dict[str, Any], settle_s: float, window_s: float) -> dict[str, Any]:
-    h = launch(spec(gpus, feed))
+    h = launch(spec(gpus, {"gpus_per_actor": min(gpus, IDLE_GPUS_PER_ACTOR), "feed": feed}))
     try:
         time.sleep(settle_s)
-        pids = pids_of(h)
+        pids = dict(enumerate(process_pids(h)))
+        routers = set(range(len(h.worker_pids), len(pids)))
         c0 = {k: cpu_seconds(p) for k, p in pids.items()}
         t0 = time.monotonic()
         time.sleep(window_s)
@@ -70,39 +75,114 @@ def idle(gpus: int, feed: dict[str, Any], settle_s: float, window_s: float) -> d
         total = sum(per.values())
         return {"gpus": gpus, "actors": len(h.workers), "startup_s": round(h.startup_s, 2),
                 "cores": round(total, 4), "cores_per_gpu": round(total / gpus, 6),
-                "router_cores": round(sum(v for k, v in per.items() if k.startswith("router")), 4),
-                "max_worker_cores": round(max(v for k, v in per.items() if k.startswith("worker")), 4)}
+                "router_cores": round(sum(v for k, v in per.items() if k in routers), 4),
+                "max_worker_cores": round(max(v for k, v in per.items() if k not in routers), 4)}
     finally:
         h.shutdown()
 
 
-def main() -> None:
-    args = parser(__doc__ or "").parse_args()
-    settle, window = (3.0, 5.0) if args.quick else (5.0, 15.0)
-    start_local_ray()
-    result: dict[str, Any] = {"bench": "density", "gpus_per_actor": GPUS_PER_ACTOR, "lag_bound_ms": LAG_BOUND_MS,
-                              "window_s": window}
-    try:
-        for gpus in (64, 256):
-            for label, feed in FEEDS.items():
-                r = idle(gpus, feed, settle, window)
-                result[f"idle_{gpus}gpu_{label}"] = r
-                print(f"idle {gpus} GPUs, {label} feed: {r}", flush=True)
-            new, old = result[f"idle_{gpus}gpu_new"]["cores"], result[f"idle_{gpus}gpu_old"]["cores"]
-            result[f"idle_{gpus}gpu_cores_ratio_new_over_old"] = round(new / old, 4) if old > 0 else None
-        result["idle_256gpu_goal_cores"] = GOAL_IDLE_CORES_256
-        result["idle_256gpu_goal_met"] = result["idle_256gpu_new"]["cores"] < GOAL_IDLE_CORES_256
-        for label, feed in FEEDS.items():
-            h = launch(spec(4, feed))
+def idle_part(quick: bool) -> dict[str, Any]:
+    settle, window = (2.0, 4.0) if quick else (5.0, 15.0)
+    out: dict[str, Any] = {"window_s": window, "gpus_per_actor": IDLE_GPUS_PER_ACTOR}
+    for gpus in (64,) if quick else (64, 256):
+        for label, feed in (("new", {}), ("old", OLD_FEED)):
+            r = idle(gpus, feed, settle, window)
+            out[f"idle_{gpus}gpu_{label}"] = r
+            print(f"idle {gpus} GPUs, {label} feed: {r}", flush=True)
+        new, old = out[f"idle_{gpus}gpu_new"]["cores"], out[f"idle_{gpus}gpu_old"]["cores"]
+        out[f"idle_{gpus}gpu_cores_ratio_new_over_old"] = round(new / old, 4) if old > 0 else None
+    if not quick:
+        out["idle_256gpu_goal_cores"] = GOAL_IDLE_CORES_256
+        out["idle_256gpu_goal_met"] = out["idle_256gpu_new"]["cores"] < GOAL_IDLE_CORES_256
+    return out
+
+
+def capacity_part(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS}
+    for gpus in (4,) if quick else (4, 16, 64):
+        for label, layout in LAYOUTS.items():
+            if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
+                out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
+                continue
+            h = launch(spec(gpus, layout))
             try:
-                cap = capacity(h, 4, 1.0, args.quick)
+                cap = capacity(h, gpus, 1.0, quick, levels_quick=3)
+                cap["actors"] = len(h.workers)
+                cap["startup_s"] = round(h.startup_s, 2)
             finally:
                 h.shutdown()
-            result[f"capacity_4gpu_{label}"] = cap
-            print(f"capacity 4 GPUs, {label} feed: {cap['sustained_rate_tok_s']} tok/s", flush=True)
-        old_rate = result["capacity_4gpu_old"]["sustained_rate_tok_s"]
-        result["capacity_4gpu_ratio_new_over_old"] = (
-            round(result["capacity_4gpu_new"]["sustained_rate_tok_s"] / old_rate, 4) if old_rate else None)
+            out[f"capacity_{gpus}gpu_{label}"] = cap
+            print(f"capacity {gpus} GPUs, {label} layout: {cap['sustained_rate_tok_s']} tok/s at lag p99 <= "
+                  f"{LAG_BOUND_MS} ms, {cap['cpu_us_per_token_at_sustained']} CPU us/token", flush=True)
+        old = out[f"capacity_{gpus}gpu_old"].get("sustained_rate_tok_s")
+        new = out[f"capacity_{gpus}gpu_new"]["sustained_rate_tok_s"]
+        out[f"capacity_{gpus}gpu_ratio_new_over_old"] = round(new / old, 4) if old else None
+    ratio = out["capacity_4gpu_ratio_new_over_old"]
+    out["capacity_4gpu_goal_ratio"] = GOAL_CAPACITY_RATIO_4GPU
+    out["capacity_4gpu_goal_met"] = ratio is not None and ratio >= GOAL_CAPACITY_RATIO_4GPU
+    return out
+
+
+def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, Any]:
+    from cluster.loadtest import LoadTestConfig, run_loadtest, run_sync
+    from cluster.loadtest.formats import ReadOptions, read_trace
+    from cluster.loadtest.schedule import window
+    from cluster.loadtest.spec import TraceData
+
+    full = read_trace(MOONCAKE, "mooncake", ReadOptions(block_size=512))
+    trace = TraceData(str(MOONCAKE), "mooncake", window(full.requests, 0.0, seconds), block_size=512)
+    h = launch(spec(8, layout))
+    try:
+        pids = process_pids(h)
+        cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
+        s = run_sync(run_loadtest(h.router_url, trace, LoadTestConfig(name=f"density-mooncake-{label}",
+                                                                       progress=False, plots=False,
+                                                                       step_lag_threshold_ms=LAG_BOUND_MS),
+                                  out_root=None)).summary
+        cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
+    finally:
+        h.shutdown()
+    lag = s.get("step_lag_ms") or {}
+    row = {"requests": s["requests"], "completed": s["completed"], "failed": s["failed"],
+           "output_tokens": s["total_output_tokens"], "wall_s": s["wall_s"], "actors": len(pids) - 1,
+           "step_lag_ms": lag, "step_lag_by_process": s.get("step_lag_by_process"),
+           "engines_behind": s.get("engines_behind"), "suggested_time_scale": s.get("suggested_time_scale"),
+           "trustworthy": s["trustworthy"], "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
+           "cores": round(cpu / max(1e-9, s["wall_s"]), 3),
+           "cpu_us_per_token": round(cpu / max(1, s["total_output_tokens"]) * 1e6, 1),
+           "lag_goal_met": lag.get("p99") is not None and float(lag["p99"]) <= LAG_BOUND_MS}
+    print(f"mooncake {seconds:g} s, 8 GPUs, {label} layout: {row}", flush=True)
+    return row
+
+
+def mooncake_part(quick: bool) -> dict[str, Any]:
+    if not MOONCAKE.exists():
+        return {"mooncake_skipped": f"{MOONCAKE} is absent"}
+    seconds = 15.0 if quick else 60.0
+    out: dict[str, Any] = {"mooncake_seconds": seconds}
+    for label, layout in LAYOUTS.items():
+        if quick and label == "old":
+            continue
+        out[f"mooncake_8gpu_{label}"] = mooncake(label, layout, seconds)
+    return out
+
+
+PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part}
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    args = p.parse_args()
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    start_local_ray()
+    result: dict[str, Any] = {"bench": "density", "quick": args.quick, "parts": parts}
+    try:
+        for part in parts:
+            result.update(PARTS[part](args.quick))
     finally:
         ray.shutdown()
     emit(result)

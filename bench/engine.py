@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -118,18 +119,35 @@ def fidelity(h: ClusterHandle, scale: float) -> dict[str, Any]:
             "step_lag_ms": lag_of(h)}
 
 
-def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc/<pid>/stat fields 14-17, children included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_pids(h: ClusterHandle) -> list[int]:
+    """Every process of the emulated cluster on this host: worker actors and routers."""
+    return [*h.worker_pids, *(int(ray.get(r.pid.remote(), timeout=30)) for r in h.routers.values())]
+
+
+def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quick: int = 4) -> dict[str, Any]:
+    """Closed-loop ladder; per level the rate, the lag and the CPU microseconds per output token end to end
+    (worker actors + routers + this process, which runs the load generator)."""
     levels = []
     best: dict[str, Any] | None = None
     ladder = [c for c in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if c >= gpus // 2]
     duration = 4.0 if quick else 10.0
-    for conc in ladder[:4] if quick else ladder:
+    pids = process_pids(h)
+    for conc in ladder[:levels_quick] if quick else ladder:
         ray.get([w.reset_lag.remote() for w in h.workers])
+        cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
         r = asyncio.run(closed_loop(h.router_url, conc, duration, conc))
+        cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
         lag = lag_of(h)
         row = {"concurrency": conc, "rate_tok_s": round(r["rate_tok_s"], 1),
                "ideal_rate_tok_s": round(ideal_rate(gpus, conc, scale), 1), "lag_p99_ms": round(lag["p99"], 3),
-               "lag_max_ms": round(lag["max"], 3)}
+               "lag_max_ms": round(lag["max"], 3),
+               "cpu_us_per_token": round(cpu / max(1, r["tokens"]) * 1e6, 1), "cores": round(cpu / r["wall_s"], 3)}
         levels.append(row)
         print(f"  {gpus} GPUs scale {scale}: {row}", flush=True)
         if lag["p99"] > LAG_BOUND_MS:
@@ -137,6 +155,8 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool) -> dict[str
         best = row
     return {"levels": levels, "sustained_rate_tok_s": best["rate_tok_s"] if best else 0.0,
             "sustained_concurrency": best["concurrency"] if best else 0,
+            "cpu_us_per_token_at_sustained": best["cpu_us_per_token"] if best else None,
+            "ladder_ended_by_lag": bool(levels) and levels[-1]["lag_p99_ms"] > LAG_BOUND_MS,
             "ideal_rate_at_that_concurrency": best["ideal_rate_tok_s"] if best else 0.0}
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from actors.clock import Clock, LagRecorder
+from actors.clock import Clock, LagRecorder, Waker
 
 
 class FakeTime:
@@ -36,9 +36,9 @@ def test_bad_scale_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.1])
-@pytest.mark.parametrize("spin", [1.0, 0.0])
-async def test_sleep_until_never_wakes_before_the_deadline(scale: float, spin: float) -> None:
-    c = Clock(scale, spin_ms=spin)
+@pytest.mark.parametrize(("spin", "waker"), [(1.0, "thread"), (1.0, "spin"), (0.0, None)])
+async def test_sleep_until_never_wakes_before_the_deadline(scale: float, spin: float, waker: Waker | None) -> None:
+    c = Clock(scale, spin_ms=spin, waker=waker)
     deadline = 0.0
     for d in (3.0, 1.0, 7.0, 0.5, 2.0):
         deadline += d
@@ -71,8 +71,9 @@ def test_lag_recorder_percentiles_and_bound() -> None:
     assert len(r._buf) == 100
 
 
-async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order() -> None:
-    c = Clock(1.0, spin_ms=1.0)
+@pytest.mark.parametrize("waker", ["thread", "spin"])
+async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order(waker: Waker) -> None:
+    c = Clock(1.0, spin_ms=1.0, waker=waker)
     woke: list[int] = []
 
     async def waiter(i: int, deadline: float) -> None:
@@ -80,31 +81,55 @@ async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order() -
         assert time.monotonic() >= c.wall_of(deadline)
         woke.append(i)
 
-    deadlines = [5.0 + (i * 7) % 13 for i in range(32)]
+    base = c.now_ms() + 100.0  # far enough ahead that every waiter really waits, even on a busy host
+    deadlines = [base + (i * 7) % 13 for i in range(32)]
     await asyncio.gather(*(waiter(i, d) for i, d in enumerate(deadlines)))
     assert [deadlines[i] for i in woke] == sorted(deadlines)
     assert c._armed is None and not c._heap  # nothing left armed or waiting
 
 
-async def test_a_cancelled_waiter_does_not_stop_the_others() -> None:
-    c = Clock(1.0, spin_ms=1.0)
-    early = asyncio.ensure_future(c.sleep_until(2.0))
-    late = asyncio.ensure_future(c.sleep_until(6.0))
+@pytest.mark.parametrize("waker", ["thread", "spin"])
+async def test_a_cancelled_waiter_does_not_stop_the_others(waker: Waker) -> None:
+    c = Clock(1.0, spin_ms=1.0, waker=waker)
+    base = c.now_ms() + 100.0
+    early = asyncio.ensure_future(c.sleep_until(base))
+    late = asyncio.ensure_future(c.sleep_until(base + 4.0))
     await asyncio.sleep(0)
     early.cancel()
     lag = await late
+    await asyncio.gather(early, return_exceptions=True)
     assert lag >= 0.0 and early.cancelled()
-    assert time.monotonic() >= c.wall_of(6.0)
+    assert time.monotonic() >= c.wall_of(base + 4.0)
 
 
-async def test_an_earlier_waiter_rearms_the_shared_timer() -> None:
-    c = Clock(1.0, spin_ms=1.0)
-    late = asyncio.ensure_future(c.sleep_until(200.0))
+@pytest.mark.parametrize("waker", ["thread", "spin"])
+async def test_an_earlier_waiter_rearms_the_shared_timer(waker: Waker) -> None:
+    c = Clock(1.0, spin_ms=1.0, waker=waker)
+    base = c.now_ms()
+    late = asyncio.ensure_future(c.sleep_until(base + 2000.0))
     await asyncio.sleep(0)
-    assert c._armed_for == c.wall_of(200.0)
-    early = asyncio.ensure_future(c.sleep_until(5.0))
+    assert c._armed_for == c.wall_of(base + 2000.0)
+    early = asyncio.ensure_future(c.sleep_until(base + 100.0))
     await asyncio.sleep(0)
-    assert c._armed_for == c.wall_of(5.0)  # the one timer now serves the earlier deadline
+    assert c._armed_for == c.wall_of(base + 100.0)  # the one timer now serves the earlier deadline
     await early
-    assert not late.done() and c._armed_for == c.wall_of(200.0)
+    assert not late.done() and c._armed_for == c.wall_of(base + 2000.0)
     late.cancel()
+
+
+def test_the_thread_waker_needs_the_real_clock() -> None:
+    with pytest.raises(ValueError):
+        Clock(1.0, monotonic=FakeTime(), waker="thread")
+    assert Clock(1.0, monotonic=FakeTime()).waker == "spin" and Clock(1.0).waker == "thread"
+
+
+async def test_the_thread_waker_serves_a_new_loop_after_the_old_one() -> None:
+    c = Clock(1.0)
+    await c.sleep_until(2.0)
+    first = c._thread_waker
+
+    def other_loop() -> float:
+        return asyncio.run(c.sleep_until(c.now_ms() + 2.0))
+
+    assert await asyncio.get_running_loop().run_in_executor(None, other_loop) >= 0.0
+    assert c._thread_waker is not first and first is not None and first._stop

@@ -1,0 +1,75 @@
+"""Density invariance on a real Ray cluster: the same trace on 8 emulated GPUs as 8 processes (one actor per
+GPU, a server per engine) and as 1 process (one actor for the node, one server) gives the same TTFT/TPOT
+within noise; and in the 1-process layout one engine can be killed while the other 7 go on serving."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.launch import launch
+from cluster.loadtest import LoadTestConfig, read_trace, run_loadtest, run_sync
+from config import ClusterSpec
+
+WORKLOAD = """format: synthetic
+num_requests: 48
+rate: 12
+block_size: 16
+input_len: {kind: uniform, mean: 512, spread: 256}
+output_len: {kind: uniform, mean: 48, spread: 16}
+seed: 7
+"""
+
+
+def spec(layout: dict[str, Any]) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": "density-invariance", "time_scale": 1.0, **layout,
+        "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 8,
+                   "engines": [{"name": "e", "model": "llama-3.1-8b", "replicas": 8}]}],
+        "router": {"policy": "round_robin"}})
+
+
+LAYOUTS = {"8 processes": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1 process": {}}
+
+
+def replay(tmp_path: Path, layout: dict[str, Any], kill: str | None = None) -> dict[str, Any]:
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(WORKLOAD)
+    handle = launch(spec(layout))
+    try:
+        processes = len(handle.workers)
+        if kill is not None:
+            assert handle.kill_engine(kill) == [kill]
+        summary = run_sync(run_loadtest(handle.router_url, read_trace(wl, "synthetic"),
+                                        LoadTestConfig(name="density", progress=False, plots=False),
+                                        out_root=None)).summary
+        if kill is not None:  # the survivors answer, the killed engine does not
+            for name, d in handle.engines.items():
+                if name != kill:
+                    with urllib.request.urlopen(d["url"] + "/health", timeout=10) as r:
+                        assert r.status == 200
+            with pytest.raises(OSError):
+                urllib.request.urlopen(handle.engines[kill]["url"] + "/health", timeout=10)
+            assert kill not in handle.load()
+        return {**summary, "processes": processes}
+    finally:
+        handle.shutdown()
+
+
+def test_ttft_and_tpot_do_not_change_with_density(ray_cluster: object, tmp_path: Path) -> None:
+    got = {label: replay(tmp_path, layout) for label, layout in LAYOUTS.items()}
+    spread, packed = got["8 processes"], got["1 process"]
+    assert spread["processes"] == 8 and packed["processes"] == 1
+    for s in (spread, packed):
+        assert s["completed"] == 48 and s["failed"] == 0
+    for metric in ("ttft_ms", "tpot_ms"):
+        a, b = spread[metric]["p50"], packed[metric]["p50"]
+        assert abs(a - b) <= 0.15 * max(a, b) + 1.0, (metric, a, b)  # 15% (+1 ms) covers run-to-run noise
+
+
+def test_one_engine_of_a_shared_process_dies_alone(ray_cluster: object, tmp_path: Path) -> None:
+    s = replay(tmp_path, {}, kill="e-3")
+    assert s["processes"] == 1 and s["completed"] == 48 and s["failed"] == 0
