@@ -37,6 +37,7 @@ KV capacity and cost model are what ``up``/``loadtest`` would use), driven on vi
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import statistics
@@ -56,6 +57,8 @@ from actors.engine.virtual import ClosedLoop, RequestRecord, RunResult, VirtualD
 from config.catalog import Catalog
 from config.cluster import ClusterSpec, EngineGroupSpec
 from config.errors import ConfigError
+from config.hardware import HardwareProfile
+from config.model import ModelProfile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / "silicon_sample.csv"
@@ -73,6 +76,9 @@ with the first request alone. With exact lengths that first step decides which r
 for the whole run (all arriving at one instant, 1024-token prompts with a 2528-token budget are prefilled
 in pairs forever: 70B fp8 H200 TP1 C4 TTFT 360 ms against 203 measured; spaced, 266 ms). Any gap from
 0.2 to 5 ms gives the same figures within 1 ms on the 70B rows: the order matters, not the value."""
+IMPLAUSIBLE_SHARE = 0.7
+"""A row whose closed loop would need more than this share of the GPUs' dense tensor peak, sustained over
+the whole run (``implied_tensor_share``), cannot have been measured as this module assumes (module doc)."""
 STEADY_TOLERANCE = 0.01
 """Two consecutive rounds whose mean TTFT and TPOT differ by less than this are the steady state."""
 QUICK_PER_GROUP = 5
@@ -181,6 +187,31 @@ class Case:
     concurrency: int
     tp: int
     spec: ClusterSpec
+    implied_share: float = 0.0
+    """``implied_tensor_share`` of the row: above ``IMPLAUSIBLE_SHARE``, its measured figures contradict
+    the protocol assumed here."""
+
+    @property
+    def implausible(self) -> bool:
+        return self.implied_share > IMPLAUSIBLE_SHARE
+
+
+def implied_tensor_share(row: SiliconRow, model: ModelProfile, hardware: HardwareProfile, tp: int) -> float:
+    """The least share of the GPUs' dense tensor peak a closed loop at the row's measured figures needs.
+
+    In a closed loop each of C clients completes one request per cycle of ``TTFT + (osl - 1) x TPOT``
+    (the measured means); each request costs at least its GEMM FLOPs (2 x active parameters without the
+    embedding, per prompt and output token, at the GEMM dtype's peak) and its causal attention (at the
+    16-bit peak). A value near or above 1 says the row was not measured as assumed (fewer clients really
+    busy, shared prefixes hit in the cache, other lengths): no cost model can be right on it.
+    """
+    gemm = 2.0 * (model.active_params_b * 1e9 - model.vocab_size * model.hidden_size) * (row.isl + row.osl - 1)
+    pairs = row.isl * (row.isl + 1) / 2.0 + (row.osl - 1) * (row.isl + row.osl / 2.0)
+    attention = model.attention_flops_per_token_per_context * pairs
+    seconds = gemm / (hardware.tflops(model.gemm_dtype) * 1e12) + attention / (hardware.tflops("bf16") * 1e12)
+    assert row.batch_size is not None
+    cycle_s = (row.silicon_ttft_ms + (row.osl - 1) * row.silicon_tpot_ms) / 1e3
+    return row.batch_size * seconds / (cycle_s * tp) if cycle_s > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -253,7 +284,8 @@ def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], l
             first = str(err).strip().splitlines()[-1].strip()
             skips.append(Skip(row, f"the presets reject it: {first}"))
             continue
-        cases.append(Case(row, model, hardware, row.batch_size, tp, spec))
+        share = implied_tensor_share(row, catalog.models.get(model), catalog.hardware.get(hardware), tp)
+        cases.append(Case(row, model, hardware, row.batch_size, tp, spec, share))
     return cases, skips
 
 
@@ -392,6 +424,11 @@ class GroupSummary:
     ttft_bias: float
     tpot_bias: float
     """Median signed error: positive when the emulator is slower than the measurement."""
+    versions: str = ""
+    """The vLLM versions the group's rows were measured with (blank: the table does not say)."""
+    implausible: int = 0
+    """Rows whose measured figures need more than ``IMPLAUSIBLE_SHARE`` of the tensor peak (``Case``)."""
+    implied_share_median: float = 0.0
 
     def within(self, ttft_bound: float, tpot_bound: float) -> bool:
         return self.ttft_median <= ttft_bound and self.tpot_median <= tpot_bound
@@ -405,8 +442,11 @@ def summarize(results: list[CaseResult]) -> list[GroupSummary]:
     for (model, system), rs in sorted(by_group.items()):
         te = [abs(r.ttft_error) for r in rs]
         pe = [abs(r.tpot_error) for r in rs]
+        versions = ", ".join(sorted({r.case.row.backend_version or "?" for r in rs}))
         out.append(GroupSummary(model, system, len(rs), _p(te, 50), _p(te, 90), _p(pe, 50), _p(pe, 90),
-                                _p([r.ttft_error for r in rs], 50), _p([r.tpot_error for r in rs], 50)))
+                                _p([r.ttft_error for r in rs], 50), _p([r.tpot_error for r in rs], 50),
+                                versions, sum(r.case.implausible for r in rs),
+                                _p([r.case.implied_share for r in rs], 50)))
     return out
 
 

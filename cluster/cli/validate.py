@@ -16,7 +16,15 @@ from rich.table import Table
 
 from cluster.cli import Command, register
 from cluster.cli.output import console, print_json
-from cluster.validation import DEFAULT_CSV, QUICK_PER_GROUP, REPO_ROOT, CaseResult, default_jobs, validate
+from cluster.validation import (
+    DEFAULT_CSV,
+    IMPLAUSIBLE_SHARE,
+    QUICK_PER_GROUP,
+    REPO_ROOT,
+    CaseResult,
+    default_jobs,
+    validate,
+)
 from config.catalog import default_catalog
 from config.errors import ConfigError
 
@@ -59,6 +67,7 @@ def _row_json(r: CaseResult) -> dict[str, object]:
             "tpot_measured_ms": round(row.silicon_tpot_ms, 4),
             "tpot_predicted_ms": round(r.tpot_ms, 4), "tpot_error": round(r.tpot_error, 4),
             "kv_blocks": r.num_blocks, "preemptions": r.preemptions, "steps": r.steps,
+            "implied_tensor_share": round(r.case.implied_share, 3), "implausible": r.case.implausible,
             "wall_s": round(r.wall_s, 3)}
 
 
@@ -102,14 +111,18 @@ def run(args: argparse.Namespace) -> int:
     groups = res.groups
     g = Table(title=f"|error| per (model, GPU) group (bounds: TTFT median <= {TTFT_BOUND:.0%}, "
                     f"TPOT median <= {TPOT_BOUND:.0%}); bias = median signed error")
-    for col in ("model", "GPU", "rows", "TTFT median", "TTFT p90", "TTFT bias", "TPOT median", "TPOT p90",
-                "TPOT bias", "within"):
+    for col in ("model", "GPU", "vLLM", "rows", "TTFT median", "TTFT p90", "TTFT bias", "TPOT median", "TPOT p90",
+                "TPOT bias", "within", "implied peak", "implausible"):
         g.add_column(col, justify="left" if col in ("model", "GPU") else "right")
     for s in groups:
-        g.add_row(s.model, s.system, str(s.rows), f"{s.ttft_median:.1%}", f"{s.ttft_p90:.1%}",
+        g.add_row(s.model, s.system, s.versions, str(s.rows), f"{s.ttft_median:.1%}", f"{s.ttft_p90:.1%}",
                   _pct(s.ttft_bias), f"{s.tpot_median:.1%}", f"{s.tpot_p90:.1%}", _pct(s.tpot_bias),
-                  "yes" if s.within(TTFT_BOUND, TPOT_BOUND) else "NO")
+                  "yes" if s.within(TTFT_BOUND, TPOT_BOUND) else "NO", f"{s.implied_share_median:.0%}",
+                  str(s.implausible))
     out.print(g)
+    out.print(f"implied peak: median share of the GPUs' dense tensor peak that a closed loop at the measured "
+              f"figures needs (cluster.validation.implied_tensor_share); implausible: rows needing more than "
+              f"{IMPLAUSIBLE_SHARE:.0%}, which were not measured as the replay assumes")
     reasons = Counter(s.reason for s in res.skipped)
     out.print(f"{len(res.results)} rows replayed, {len(res.skipped)} vLLM rows skipped, "
               f"in {res.wall_s:.1f} s (commit {_commit() or 'unknown'}):")
@@ -122,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
             "all_within_bounds": bool(groups) and all(s.within(TTFT_BOUND, TPOT_BOUND) for s in groups),
             "rows_replayed": len(res.results), "rows_skipped": len(res.skipped),
             "wall_s": round(res.wall_s, 2), "jobs": jobs,
-            "groups": [{"model": s.model, "gpu": s.system, "rows": s.rows,
+            "groups": [{"model": s.model, "gpu": s.system, "vllm": s.versions, "rows": s.rows,
+                        "implied_tensor_share_median": round(s.implied_share_median, 3),
+                        "implausible_rows": s.implausible,
                         "ttft_median_ape": round(s.ttft_median, 4), "ttft_p90_ape": round(s.ttft_p90, 4),
                         "ttft_bias": round(s.ttft_bias, 4), "tpot_median_ape": round(s.tpot_median, 4),
                         "tpot_p90_ape": round(s.tpot_p90, 4), "tpot_bias": round(s.tpot_bias, 4)}

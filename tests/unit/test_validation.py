@@ -225,3 +225,21 @@ def test_worker_processes_give_the_same_table_in_the_same_order(tmp_path: Path) 
     two = validate(path, default_catalog(), rounds=2, jobs=2)
     assert [(r.case.row.id, r.ttft_ms, r.tpot_ms, r.steps) for r in two.results] == [
         (r.case.row.id, r.ttft_ms, r.tpot_ms, r.steps) for r in one.results]
+
+
+def test_implied_tensor_share_flags_rows_no_gpu_could_have_produced(tmp_path: Path) -> None:
+    # Llama-3.1-8B fp8 on one H200, 64 clients of 2000 -> 100 tokens, measured TTFT 121.7 ms, TPOT 9.74 ms:
+    # each client's cycle is 1.086 s, so 64 prefills of 2000 tokens a second, about the whole fp8 peak.
+    rows = ["x,vllm,0.12.0,nvidia/Llama-3.1-8B-Instruct-FP8,h200_sxm,fp8,agg,2000,100,64,1,,1,1,121.7,9.74",
+            "y,vllm,0.12.0,nvidia/Llama-3.1-8B-Instruct-FP8,h200_sxm,fp8,agg,2000,100,32,1,,1,1,121.7,9.74",
+            "z,vllm,0.12.0,nvidia/Llama-3.1-8B-Instruct-FP8,h200_sxm,fp8,agg,2000,100,64,1,,1,1,243.4,19.48"]
+    cases, _ = resolve(read_rows(write_csv(tmp_path / "s.csv", rows)), default_catalog())
+    x, y, z = cases
+    assert 0.9 < x.implied_share < 1.2 and x.implausible
+    assert y.implied_share == pytest.approx(x.implied_share / 2)  # half the clients, same cycle
+    assert z.implied_share == pytest.approx(x.implied_share / 2)  # same clients, twice the cycle
+    a = resolve(read_rows(write_csv(tmp_path / "a.csv", ROWS[:1])), default_catalog())[0][0]
+    assert 0 < a.implied_share < 0.1 and not a.implausible
+    res = validate(write_csv(tmp_path / "s.csv", rows[:1]), default_catalog(), rounds=2)
+    (g,) = res.groups
+    assert g.implausible == 1 and g.versions == "0.12.0"
