@@ -132,15 +132,23 @@ class Relay:
             if not chunk:
                 break
             buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
+            if b"\n\n" not in buf:
+                continue
+            *events, buf = buf.split(b"\n\n")
+            # Every event the engine's chunk completed goes to the client in one write (one syscall).
+            outs: list[bytes] = []
+            for event in events:
                 if event == b"data: [DONE]":
+                    if outs:
+                        await sink.write(b"".join(outs))
                     if st.moved is not None and not st.finished:
                         return MIGRATED
                     return None if st.finished or not final else ENDED_EARLY
                 out = self._on_event(event, st, rewrite, final)
                 if out:
-                    await sink.write(out)
+                    outs.append(out)
+            if outs:
+                await sink.write(outs[0] if len(outs) == 1 else b"".join(outs))
         return None if st.finished else ENDED_EARLY
 
     def _on_event(self, event: bytes, st: StreamState, rewrite: bool, final: bool) -> bytes:
