@@ -7,8 +7,10 @@ off the event loop. Every action is logged with its planned and actual emulated 
 After the replay it waits (bounded) for the surviving engines to go idle and for every router's prefix index
 to equal the engines' caches (``index_agreement``, ``index_converged``), writes ``chaos_context.json``
 (what the history checker needs: ids sent, vocabulary, regions, loads after, dead engines), runs the
-checker (``checker.json``), measures each event's impact (``cluster.chaos.impact``) and writes
-``chaos.json``: the load test's summary, the event log, the per-event figures and the checker's verdict.
+checker (``checker.json``), measures each event's impact (``cluster.chaos.impact``, plus the requests
+migrated off and resumed from checkpoints of its engines, ``cluster.chaos.kv_moves``) and writes
+``chaos.json``: the load test's summary, the event log, the per-event figures, the checker's verdict and
+``kv_migration`` (live migrations, checkpoint resumes, their measured times).
 
 Failure behaviour: an unsupported event or one naming an unknown engine/node fails before the replay
 starts; an action that raises is logged with its error and the run goes on (the checker then judges
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster.chaos import kv_moves
 from cluster.chaos.checker import CONTEXT_FILE, check_folder
 from cluster.chaos.control import RayClusterControl
 from cluster.chaos.impact import event_impact
@@ -121,12 +124,18 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
     write_json(folder / CONTEXT_FILE, context)
     report = check_folder(folder)
     write_json(folder / CHECKER_FILE, report.to_json())
-    impacts = [event_impact(e, i, run.result.records, window_s=window_s) for i, e in enumerate(schedule.events)]
+    moves = await asyncio.to_thread(kv_moves.collect, handle, [n for n in handle.engines if n not in control.dead])
+    by_node: dict[str, list[str]] = {}
+    for n, d in handle.engines.items():
+        by_node.setdefault(str(d.get("node")), []).append(n)
+    impacts = [event_impact(e, i, run.result.records, window_s=window_s) | kv_moves.event_moves(e, moves, by_node)
+               for i, e in enumerate(schedule.events)]
     summary = {"chaos": True, "schedule": schedule.name, "events": log, "impact": impacts,
                "checker": {k: v for k, v in report.to_json().items() if k != "violations"}
                | {"violations": report.to_json()["violations"][:50]},
                "dead_engines": sorted(control.dead), "replaced_engines": control.replaced,
                "index_agreement": index, "index_converged": all(v["equal"] for v in index.values()),
-               "kv_events_disturbed": control.kv_disturbed, "loadtest": result.summary, "folder": str(folder)}
+               "kv_events_disturbed": control.kv_disturbed, "kv_migration": moves, "loadtest": result.summary,
+               "folder": str(folder)}
     write_json(folder / CHAOS_FILE, summary)
     return summary

@@ -215,6 +215,7 @@ class KVMigrator:
         params: dict[str, Any] = {"resume": kind, "request_id": t.rid, "source": source.name}
         if kind == "checkpoint":
             params["output_ids"] = list(st.token_ids)
+        before = t.checkpoint_peer
         t.worker = target
         more = self.checkpoint_params(t)
         if more is not None:
@@ -230,20 +231,23 @@ class KVMigrator:
                                            {"X-Request-Id": t.rid}) as up:
                     if up.status != 200:
                         await up.read()
-                        self.metrics.resumes.inc_labels(source.name, kind, f"http_{up.status}")
-                        return "refused"
-                    start = int(up.headers.get(TOKEN_INDEX_HEADER, len(st.token_ids)))
-                    if start > len(st.token_ids):  # the client would miss tokens: never relay a gap
-                        self.metrics.resumes.inc_labels(source.name, kind, "gap")
+                        outcome = f"http_{up.status}"
+                    else:
+                        start = int(up.headers.get(TOKEN_INDEX_HEADER, len(st.token_ids)))
+                        outcome = "gap" if start > len(st.token_ids) else ""  # never relay a gap to the client
+                    if outcome:
+                        self.metrics.resumes.inc_labels(source.name, kind, outcome)
+                        t.worker, t.checkpoint_peer = source, before  # still where it broke
                         return "refused"
                     st.skip = len(st.token_ids) - start
                     with self.tracking(t):
                         failure = await self.relay.relay(up, sink, st, rewrite=True)
                     self.metrics.skipped.inc(st.deduped)
                     st.deduped = 0
-            except UpstreamError:
+            except UpstreamError:  # it could not be reached: nothing was relayed from it
                 self.metrics.resumes.inc_labels(source.name, kind, "unreachable")
                 self.attempts.failed(target)
+                t.worker, t.checkpoint_peer = source, before
                 return "refused"
         self.metrics.resumes.inc_labels(source.name, kind, "ok" if failure is None else "broke")
         if failure is None:
