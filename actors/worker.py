@@ -68,7 +68,9 @@ class GpuWorker:
         self.spec = ClusterSpec.model_validate_json(spec_json)
         self.names = engine_names
         self.host = host
-        self.clock = Clock(self.spec.time_scale)
+        waker = self.spec.engine_clock
+        self.clock = (Clock(self.spec.time_scale, spin_ms=0.0) if waker == "timer"
+                      else Clock(self.spec.time_scale, waker=waker))
         self.engines: dict[str, Engine] = {}
         self.servers: dict[str, EngineServer] = {}
         self.connectors: dict[str, KVConnector] = {}

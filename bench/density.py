@@ -18,6 +18,8 @@ Figures (``--parts``, default all):
   Goal: 3x the old layout's tokens/s at 4 GPUs.
 - ``mooncake``: the first 60 s of the Mooncake conversation trace (``../shared/traces/``) on 8 GPUs at time
   scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms.
+- ``clock``: capacity at 4 GPUs with each ``engine_clock`` (spin: the loop polls the last ms before a
+  deadline; thread: a helper thread sleeps off the loop; timer: the loop's timers alone).
 ``--quick`` (about a minute): idle at 64 GPUs only, capacity at 4 GPUs (3 levels of 4 s), Mooncake 15 s,
 new layout only for Mooncake. The host is shared: other processes' load shows in every figure.
 """
@@ -167,7 +169,22 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
     return out
 
 
-PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part}
+def clock_part(quick: bool) -> dict[str, Any]:
+    """Capacity at 4 GPUs (new layout) with each way of waking engines at their deadlines (``engine_clock``)."""
+    out: dict[str, Any] = {}
+    for waker in ("spin", "thread", "timer"):
+        h = launch(spec(4, {"engine_clock": waker}))
+        try:
+            cap = capacity(h, 4, 1.0, quick, levels_quick=3)
+        finally:
+            h.shutdown()
+        out[f"clock_{waker}_4gpu"] = cap
+        print(f"clock {waker}, 4 GPUs: {cap['sustained_rate_tok_s']} tok/s at lag p99 <= {LAG_BOUND_MS} ms, "
+              f"{cap['cpu_us_per_token_at_sustained']} CPU us/token; levels {cap['levels']}", flush=True)
+    return out
+
+
+PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part, "clock": clock_part}
 
 
 def main() -> None:

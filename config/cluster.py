@@ -298,6 +298,10 @@ class ClusterSpec(Frozen):
     engine_server: Literal["shared", "per_engine"] = "shared"
     """``shared``: one HTTP server per actor, engines addressed by path (``/e/<engine>``); ``per_engine``:
     a server and port per engine (the old layout, a benchmark baseline)."""
+    engine_clock: Literal["thread", "spin", "timer"] = "thread"
+    """How an actor's engines wake at their step deadlines (``actors.clock``): ``thread`` (one helper thread
+    sleeps precisely off the loop), ``spin`` (the loop polls the last millisecond: least lag, most CPU),
+    ``timer`` (the loop's own timers alone: least CPU, up to ~1 ms late)."""
     seed: int = 0
     regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
     wan: list[WanLinkSpec] = Field(default_factory=list)
