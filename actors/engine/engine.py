@@ -20,115 +20,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
 from actors.clock import LagRecorder
 from actors.cost_model import CostModel, StepTime
+from actors.engine.api import (
+    EngineClock,
+    EngineConfig,
+    EngineError,
+    EngineObserver,
+    RequestStream,
+    Reservation,
+    StreamEvent,
+)
 from actors.engine.kv_blocks import KVEvent
 from actors.engine.kv_manager import KVCacheManager
-from actors.engine.scheduler import ScheduledStep, Scheduler, SchedulerLimits, TokenOutput
+from actors.engine.scheduler import ScheduledStep, Scheduler, TokenOutput
 from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
 from actors.engine.tiers.admission import attach_tiers
 from actors.engine.tokenizer import OutputModel
-from config.tiers import TiersSpec
 
-
-class EngineClock(Protocol):
-    """What the engine needs of its time source: ``actors.clock.Clock``, or a virtual clock in unit tests.
-    Every timed wait of the engine (steps, leases) goes through ``sleep_until``, so a clock that jumps
-    to the next deadline drives the whole engine."""
-
-    def now_ms(self) -> float: ...
-
-    async def sleep_until(self, deadline_ms: float) -> float: ...
-
-
-class EngineError(Exception):
-    """A request the engine refuses; ``status`` is the HTTP status the API should answer with."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    name: str
-    model_name: str
-    role: str
-    num_blocks: int
-    block_size: int
-    limits: SchedulerLimits
-    enable_prefix_caching: bool = True
-    vocab_size: int = 32000
-    seed: int = 0
-    tiers: TiersSpec = field(default_factory=TiersSpec)
-    kv_payload_scale: float = 1.0
-    """Real bytes per emulated KV byte in the tiers (the transport's ``kv_payload_scale``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """Tokens a step produced for one request, at emulated time ``time_ms``."""
-
-    token_ids: tuple[int, ...]
-    time_ms: float
-    finish_reason: FinishReason | None = None
-
-
-class EngineObserver(Protocol):
-    """What the engine reports as it runs (the metrics exporter implements it)."""
-
-    def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None: ...
-
-    def on_tokens(self, engine: Engine, outputs: list[TokenOutput], end_ms: float) -> None: ...
-
-    def on_finish(self, engine: Engine, seq: Sequence) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """KV blocks a decode engine set aside for a request whose prompt's KV a prefill engine will send.
-
-    ``cached_blocks`` leading blocks were already in this engine's prefix cache: they need no transfer.
-    """
-
-    request_id: RequestId
-    prompt_tokens: int
-    cached_blocks: int
-    total_blocks: int
-    block_hashes: tuple[int, ...]
-    expires_ms: float
-
-
-class RequestStream:
-    """The engine's output for one request, consumed by the API handler."""
-
-    def __init__(self, engine: Engine, seq: Sequence) -> None:
-        self.engine = engine
-        self.seq = seq
-        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
-
-    @property
-    def request_id(self) -> RequestId:
-        return self.seq.request_id
-
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self._iter()
-
-    async def _iter(self) -> AsyncIterator[StreamEvent]:
-        while True:
-            ev = await self.queue.get()
-            yield ev
-            if ev.finish_reason is not None:
-                return
-
-    def abort(self) -> None:
-        self.engine.abort(self.seq.request_id)
+__all__ = ["Engine", "EngineClock", "EngineConfig", "EngineError", "EngineObserver", "RequestStream", "Reservation",
+           "StreamEvent"]
 
 
 class Engine:
