@@ -114,7 +114,7 @@ class StoreServer:
         keys = [BlockHash(int(b.block_id)) for b in blocks]
         payloads = [bytes(b.payload) for b in blocks]
         sums = [b.checksum if b.checksum_algo == CHECKSUM else None for b in blocks]
-        before = set(keys) & set(self.store.keys())
+        before = {k for k in keys if k in self.store}
         result = self.store.put(list(zip(keys, payloads, strict=True)), sums)
         self.stats.puts += 1
         self.stats.put_blocks += len(blocks)

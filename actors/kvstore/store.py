@@ -13,12 +13,11 @@ Invariants:
 The change log numbers every add and remove (``version``), so clients that keep a local view of the
 store's keys (``client.StoreTier.lookup`` must answer without I/O) catch up with ``changes_since``: the
 adds and removes after the version they hold, or, when the log no longer reaches back that far (it keeps
-``log_limit`` entries), a full snapshot flagged ``reset``.
+``log_limit`` to twice that entries), a full snapshot flagged ``reset``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,7 +60,10 @@ class BlockStore:
         self.used_bytes = 0
         self._blocks: dict[BlockHash, _Entry] = {}
         self._policy: EvictionPolicy = make_policy(eviction)
-        self._log: deque[tuple[int, bool, BlockHash]] = deque(maxlen=log_limit)
+        self._log: list[tuple[bool, BlockHash]] = []
+        """Entry ``i`` is version ``self._log_base + i + 1``; trimmed to ``log_limit`` when twice that."""
+        self._log_base = 0
+        self._log_limit = log_limit
         self.version = 0
         self.hits = 0
         self.misses = 0
@@ -80,7 +82,11 @@ class BlockStore:
 
     def _logged(self, added: bool, key: BlockHash) -> None:
         self.version += 1
-        self._log.append((self.version, added, key))
+        self._log.append((added, key))
+        if len(self._log) >= 2 * self._log_limit:
+            drop = len(self._log) - self._log_limit
+            del self._log[:drop]
+            self._log_base += drop
 
     def _drop(self, key: BlockHash) -> None:
         entry = self._blocks.pop(key)
@@ -161,14 +167,11 @@ class BlockStore:
         """Keys added and removed after version ``since`` (a snapshot with ``reset`` if the log is too short)."""
         if since >= self.version:
             return Changes(self.version)
-        first = self._log[0][0] if self._log else self.version + 1
-        if since < 0 or since + 1 < first:
+        if since < self._log_base:
             return Changes(self.version, tuple(self._blocks), (), reset=True)
         added: dict[BlockHash, None] = {}
         removed: dict[BlockHash, None] = {}
-        for version, was_added, key in self._log:
-            if version <= since:
-                continue
+        for was_added, key in self._log[since - self._log_base:]:
             if was_added:
                 removed.pop(key, None)
                 added[key] = None
