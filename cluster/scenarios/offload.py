@@ -178,7 +178,10 @@ def _verdict(better: bool, by: float, margin: float = 0.0) -> Verdict:
 
 def run(ctx: ScenarioContext) -> ScenarioResult:
     seconds = float(ctx.options.get("mooncake_s", 60.0 if ctx.quick else 600.0))
-    configs = tuple(ctx.options.get("configs", CONFIGS))
+    configs = tuple(ctx.options.get("profiles") or CONFIGS)  # ``--profiles``: a subset of the configurations
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown offload configuration(s) {unknown} (known: {', '.join(CONFIGS)})")
     details: dict[str, Any] = {"method": "virtual cluster (cluster.virtual_cluster): engines, tier chains, store "
                                "and router choice on jumping virtual time; step lag 0 by construction",
                                "cpu_tier_gb": CPU_GB, "store_gb": STORE_GB, "payload_scale": PAYLOAD_SCALE}
