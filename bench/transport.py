@@ -18,21 +18,17 @@ the link model's accuracy against the analytic expectation, and the fault wrappe
 - faults: 10,000 transfers (half pushes, half pulls) through the fault wrapper over TCP with every fault
   kind injected; counts outcomes and silent corruptions (delivered bytes that differ from those sent).
 
-Receivers of the throughput figures run in a child process (this script with ``--child``), so sender
-and receiver each have a core, as with the bare baseline.
+The baselines and the receivers of the throughput figures, which run in child processes so sender and
+receiver each have a core, are in ``bench/_transport_baselines.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import os
-import socket
 import statistics
-import struct
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -47,6 +43,20 @@ import uvloop
 
 from actors.clock import Clock
 from bench._common import emit, parser, pct
+from bench._transport_baselines import (
+    RECEIVER,
+    SENDER,
+    UCX_TRANSPORTS,
+    Child,
+    MiB,
+    bare_pingpong,
+    bare_throughput,
+    ucx_address,
+    ucx_bare_throughput,
+    ucx_env,
+    ucx_perftest,
+    ucx_unavailable,
+)
 from config.catalog import default_catalog
 from transport import (
     Block,
@@ -56,22 +66,18 @@ from transport import (
     LinkModel,
     RequestId,
     ShapedTransport,
-    Site,
     Topology,
     TransportError,
     TransportOptions,
 )
-from transport.base import Address, Releasable
+from transport.base import Address
 from transport.inproc import InprocHub, InprocTransport
 from transport.tcp import TcpTransport
 
-MiB = 1 << 20
 SCENARIO_TIME_SCALE = 5.0
 """The disaggregation scenario's default time scale (wall seconds per emulated second)."""
 BLOCKS_PER_TRANSFER = 16
 """Link-model transfers: 16 KV blocks of 4 MiB emulated (16 tokens of a 70B-class model), 64 MiB each."""
-SENDER, RECEIVER = Site("bench-a", "local"), Site("bench-b", "local")
-HERE = Path(__file__).resolve()
 
 
 def gbps(nbytes: float, seconds: float) -> float:
@@ -80,141 +86,6 @@ def gbps(nbytes: float, seconds: float) -> float:
 
 def ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
-
-
-# -- child processes ------------------------------------------------------------------------------
-def make_sink(t: Any) -> None:
-    """Receive everything and drop it at once (the receiver still decodes, verifies and commits)."""
-
-    def deliver(request_id: RequestId, blocks: Sequence[Block], leases: Sequence[Releasable | None] = ()) -> None:
-        for lease in leases:
-            if lease is not None:
-                lease.release()
-
-    t.inbox.deliver = deliver
-
-
-async def child_tcp_sink() -> None:
-    t = TcpTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
-    make_sink(t)
-    addr = await t.serve()
-    print(addr.location, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await t.close()
-
-
-async def child_ucx_sink() -> None:
-    from transport.ucx import UcxTransport
-
-    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
-    make_sink(t)
-    addr = await t.serve()
-    print("|".join([addr.location, *(f"{k}={v.hex()}" for k, v in addr.extra)]), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await t.close()
-
-
-def child_bare_sink() -> None:
-    """A blocking socket receiver: per message an 8-byte length, the bytes, then a 1-byte answer."""
-    import threading
-
-    def exit_when_parent_closes_stdin() -> None:
-        sys.stdin.read()
-        os._exit(0)
-
-    threading.Thread(target=exit_when_parent_closes_stdin, daemon=True).start()
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen()
-    print(f"127.0.0.1:{ls.getsockname()[1]}", flush=True)
-    buf = memoryview(bytearray(MiB))
-    head = bytearray(8)
-    while True:  # one connection at a time; a zero length ends it; the parent closing stdin ends us
-        conn, _ = ls.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        while conn.recv_into(head, 8, socket.MSG_WAITALL) == 8:
-            (left,) = struct.unpack("<Q", head)
-            if not left:
-                break
-            while left:
-                n = conn.recv_into(buf, min(left, MiB))
-                if not n:
-                    break
-                left -= n
-            conn.sendall(b"k")
-        conn.close()
-
-
-class BufferedSink(asyncio.BufferedProtocol):
-    """The bare protocol of ``child_bare_sink`` received by an event loop straight into one preallocated buffer."""
-
-    def __init__(self) -> None:
-        self.buf = memoryview(bytearray(4 * MiB))
-        self.head = bytearray()
-        self.left = -1  # -1: reading a length
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.buf
-
-    def buffer_updated(self, nbytes: int) -> None:
-        pos = 0
-        while pos < nbytes:
-            if self.left < 0:
-                take = min(8 - len(self.head), nbytes - pos)
-                self.head += self.buf[pos:pos + take]
-                pos += take
-                if len(self.head) == 8:
-                    (self.left,) = struct.unpack("<Q", self.head)
-                    self.head.clear()
-                    if self.left == 0:
-                        assert self.transport is not None
-                        self.transport.close()
-                        return
-            else:
-                take = min(self.left, nbytes - pos)
-                self.left -= take
-                pos += take
-                if self.left == 0:
-                    self.left = -1
-                    assert self.transport is not None
-                    self.transport.write(b"k")
-
-
-async def child_buffered_sink() -> None:
-    server = await asyncio.get_running_loop().create_server(BufferedSink, "127.0.0.1", 0)
-    print(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    server.close()
-
-
-class Child:
-    """This script run as ``--child KIND`` in another process; it prints its address, serves until stdin closes."""
-
-    def __init__(self, kind: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", str(HERE), "--child", kind], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     env={**(env or os.environ), "UCX_WARN_UNUSED_ENV_VARS": "n"})
-        assert self.proc.stdout is not None
-        self.location = self.proc.stdout.readline().strip()
-        if not self.location:
-            raise RuntimeError(f"child {kind} did not start")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 # -- inproc ---------------------------------------------------------------------------------------
@@ -272,40 +143,6 @@ async def bench_inproc(total: int) -> dict[str, Any]:
 
 
 # -- tcp ------------------------------------------------------------------------------------------
-def bare_throughput(location: str, total: int, reps: int) -> float:
-    host, port = location.split(":")
-    s = socket.create_connection((host, int(port)))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8).tobytes()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        s.sendall(struct.pack("<Q", total))
-        for _ in range(total // MiB):
-            s.sendall(payload)
-        s.recv(1)
-        best = min(best, time.perf_counter() - t0)
-    s.sendall(struct.pack("<Q", 0))
-    s.close()
-    return best
-
-
-def bare_pingpong(location: str, size: int, n: int) -> list[float]:
-    host, port = location.split(":")
-    s = socket.create_connection((host, int(port)))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    msg = struct.pack("<Q", size) + bytes(size)
-    lat = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        s.sendall(msg)
-        s.recv(1)
-        lat.append((time.perf_counter() - t0) * 1e6)
-    s.sendall(struct.pack("<Q", 0))
-    s.close()
-    return lat
-
-
 async def push_throughput(t: Any, addr: Address, total: int, reps: int, per_push: int = 4) -> float:
     payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
     best = float("inf")
@@ -372,169 +209,6 @@ async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
 
 
 # -- ucx ------------------------------------------------------------------------------------------
-UCX_TRANSPORTS = {"sm": "sm,self", "tcp": "tcp,self"}
-"""The transports the ucx figures are measured over, each against ucx_perftest over the same one."""
-UCX_WINDOW = 32
-"""Messages the tuned bare loop keeps in flight (ucx_perftest's tag_bw keeps a window in flight too)."""
-
-
-def ucx_unavailable() -> str | None:
-    from transport.ucx import ucx_available
-
-    reason = ucx_available()
-    return None if reason is None else f"ucxx does not import here ({reason}); install the 'ucx' extra"
-
-
-def ucx_env(tls: str) -> dict[str, str]:
-    """The environment of a UCX process in this bench: UCX's defaults (not ucxx's), the given transports."""
-    from transport.ucx import _UCXX_ENV
-
-    env = {k: v for k, v in os.environ.items() if not (k in _UCXX_ENV and v == _UCXX_ENV[k])}
-    return {**env, "UCX_TLS": tls, "UCX_WARN_UNUSED_ENV_VARS": "n"}
-
-
-def perftest_exe() -> Path | None:
-    try:
-        import libucx
-    except ImportError:
-        return None
-    exe = Path(libucx.__file__).resolve().parent / "bin" / "ucx_perftest"
-    return exe if exe.exists() else None
-
-
-def ucx_perftest(tls: str, size: int, iters: int) -> dict[str, Any]:
-    """``ucx_perftest -t tag_bw`` between two processes on 127.0.0.1 over ``tls``: GB/s (overall)."""
-    exe = perftest_exe()
-    if exe is None:
-        return {"skipped": "ucx_perftest is not in the libucx wheel here"}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    lib = str(exe.parent.parent / "lib")
-    env = {**ucx_env(tls), "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [lib, os.environ.get("LD_LIBRARY_PATH")]))}
-    args = ["-t", "tag_bw", "-s", str(size), "-n", str(iters), "-p", port]
-    server = subprocess.Popen([str(exe), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):  # the server needs a moment to listen
-            time.sleep(0.2)
-            r = subprocess.run([str(exe), "127.0.0.1", *args], env=env, capture_output=True, text=True, timeout=120)
-            final = [ln for ln in r.stdout.splitlines() if ln.startswith("Final:")]
-            if final:
-                cols = final[-1].split()
-                mb_s = float(cols[6])  # overall bandwidth, MB/s with MB = 2**20 bytes
-                return {"gbps": round(mb_s * MiB / 1e9, 3), "tls": tls, "size": size, "iters": iters,
-                        "command": f"ucx_perftest -t tag_bw -s {size} -n {iters} (UCX_TLS={tls})"}
-        return {"skipped": "ucx_perftest's client never connected"}
-    finally:
-        server.kill()
-        server.wait()
-
-
-async def child_ucx_bare_sink() -> None:
-    """The tuned bare loop's receiver: libucxx on an event loop, ``UCX_WINDOW`` receives posted, no framing.
-
-    Serves one sender at a time: a hello (the sender's worker address), then rounds of a count and that
-    many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn.
-    """
-    from transport.ucx import UcxWorker, close_endpoint
-
-    w = UcxWorker()
-    loop = asyncio.get_running_loop()
-    print(w.address.hex(), flush=True)
-    bufs = [np.empty(MiB, dtype=np.uint8) for _ in range(UCX_WINDOW)]
-    head = np.empty(1, dtype=np.uint64)
-
-    async def recv_one(ep: Any, buf: Any, tag: int) -> None:
-        fut: asyncio.Future[None] = loop.create_future()
-        if ep is None:
-            w.recv_any(buf, tag, lambda _e: fut.set_result(None))
-        else:
-            w.recv(ep, buf, tag, lambda _e: fut.set_result(None))
-        await fut
-
-    async def receive_round(ep: Any, count: int) -> None:
-        state = {"left": count, "posted": min(count, UCX_WINDOW)}
-        all_in: asyncio.Future[None] = loop.create_future()
-
-        def one(_e: BaseException | None) -> None:
-            state["left"] -= 1
-            if state["posted"] < count:
-                w.recv(ep, bufs[state["posted"] % UCX_WINDOW], 3, one)
-                state["posted"] += 1
-            if state["left"] == 0:
-                all_in.set_result(None)
-
-        for i in range(state["posted"]):
-            w.recv(ep, bufs[i], 3, one)
-        await all_in
-
-    while True:
-        hello = bytearray(4096)
-        await recv_one(None, hello, 1)
-        n = int.from_bytes(hello[:2], "little")
-        ep = w.endpoint(bytes(hello[2:2 + n]), False)
-        while True:
-            await recv_one(ep, head, 2)
-            count = int(head[0])
-            if count == 0:
-                break
-            await receive_round(ep, count)
-            await w.wait_send(ep, np.ones(1, dtype=np.uint8), 4)
-        close_endpoint(ep)
-
-
-def resolve(fut: asyncio.Future[None], _exc: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def send_window(w: Any, ep: Any, payload: Any, count: int) -> None:
-    """Send ``payload`` ``count`` times, ``UCX_WINDOW`` sends in flight."""
-    window = asyncio.Semaphore(UCX_WINDOW)
-
-    async def one() -> None:
-        async with window:
-            await w.wait_send(ep, payload, 3)
-
-    await asyncio.gather(*(one() for _ in range(count)))
-
-
-async def ucx_bare_throughput(location: str, total: int, reps: int) -> float:
-    """The tuned bare loop's sender: ``UCX_WINDOW`` 1 MiB sends in flight, acknowledged per round."""
-    from transport.ucx import UcxWorker, close_endpoint
-
-    w = UcxWorker()
-    ep = w.endpoint(bytes.fromhex(location), False)
-    hello = bytearray(4096)
-    hello[:2] = len(w.address).to_bytes(2, "little")
-    hello[2:2 + len(w.address)] = w.address
-    await w.wait_send(ep, hello, 1)
-    payload = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
-    ack = np.empty(1, dtype=np.uint8)
-    count = total // MiB
-    best = float("inf")
-    for rep in range(reps + 1):
-        t0 = time.perf_counter()
-        await w.wait_send(ep, np.array([count], dtype=np.uint64), 2)
-        got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        w.recv(ep, ack, 4, functools.partial(resolve, got))
-        await send_window(w, ep, payload, count)
-        await got
-        if rep:
-            best = min(best, time.perf_counter() - t0)
-    await w.wait_send(ep, np.array([0], dtype=np.uint64), 2)
-    await asyncio.sleep(0.05)
-    close_endpoint(ep)
-    await w.close()
-    return best
-
-
-def ucx_address(location_line: str) -> Address:
-    location, *extras = location_line.split("|")
-    extra = tuple((k, bytes.fromhex(v)) for k, v in (e.split("=", 1) for e in extras))
-    return Address("ucx", location, RECEIVER, extra)
-
-
 async def bench_ucx_over(name: str, tls: str, total: int, reps: int, perftest_iters: int) -> dict[str, Any]:
     """kvmesh's ucx backend, the tuned bare loop and ucx_perftest, all over the transports ``tls``."""
     from transport.ucx import UcxTransport
@@ -816,17 +490,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     p = parser(__doc__ or "")
-    p.add_argument("--child", default=None, help=argparse_suppress())
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     args = p.parse_args()
-    if args.child == "bare-sink":
-        child_bare_sink()
-        return
-    if args.child:
-        children = {"tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
-                    "buffered-sink": child_buffered_sink}
-        uvloop.run(children[args.child]())
-        return
     parts = [x for x in args.parts.split(",") if x]
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -835,12 +500,6 @@ def main() -> None:
     for k, v in result["summary"].items():
         print(f"{k}: {v}")
     emit(result)
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
