@@ -53,8 +53,12 @@ class EngineServer:
     def __init__(self, engine: Engine, metrics: EngineMetrics, *, host: str = "127.0.0.1", port: int = 0,
                  meta: dict[str, Any] | None = None, connector: KVConnector | None = None,
                  disagg: DisaggSpec | None = None, hub: FeedHub | None = None,
-                 migration: MigrationAgent | None = None) -> None:
+                 migration: MigrationAgent | None = None, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError("stream_interval must be at least 1")
         self.engine = engine
+        self.stream_interval = stream_interval
+        """Tokens per SSE event after the first (vLLM's ``--stream-interval``); 1: one event per token."""
         self.migration = migration
         """Live migration and checkpoints (``actors.migration``), when the cluster enables them."""
         self.connector = connector
@@ -392,6 +396,8 @@ class EngineServer:
             if first is not None:
                 await resp.write(sse(first))
             decode = self.tokenizer.decode_one
+            interval = self.stream_interval
+            held: list[int] = []
             async for ev in stream:
                 reason = ev.finish_reason
                 if reason is FinishReason.ABORT:
@@ -405,10 +411,17 @@ class EngineServer:
                     await resp.write_eof()
                     finished = True
                     return resp
+                first_event = n_out == 0
                 n_out += len(ev.token_ids)
-                text = "".join(decode(t) for t in ev.token_ids)
+                ids: list[int] | tuple[int, ...] = ev.token_ids
+                if interval > 1:  # the first token at once, then every ``interval`` tokens, and the last
+                    held.extend(ids)
+                    if reason is None and not first_event and len(held) < interval:
+                        continue
+                    ids, held = held, []
+                text = "".join(decode(t) for t in ids)
                 await resp.write(sse(shapes.chunk(text, reason.value if reason else None,
-                                                  list(ev.token_ids) if return_ids else None, pending_prompt_ids)))
+                                                  list(ids) if return_ids else None, pending_prompt_ids)))
                 pending_prompt_ids = None
                 if reason is not None:
                     finished = True

@@ -125,7 +125,8 @@ class GpuWorker:
                                        timeout_ms=migration.transfer_timeout_ms)
                 self.agents[name] = agent
             server = EngineServer(engine, metrics, host=self.host, meta=meta, connector=connector,
-                                  disagg=self.spec.disagg, hub=self.hub, migration=agent)
+                                  disagg=self.spec.disagg, hub=self.hub, migration=agent,
+                                  stream_interval=self.spec.stream_interval)
             if self.kv_stores and self.spec.kv_store is not None:
                 if self.store_link is None:
                     self.store_link = StoreLink(self.spec, self.kv_stores, inst.node, self.host)

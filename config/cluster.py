@@ -298,6 +298,9 @@ class ClusterSpec(Frozen):
     engine_server: Literal["shared", "per_engine"] = "shared"
     """``shared``: one HTTP server per actor, engines addressed by path (``/e/<engine>``); ``per_engine``:
     a server and port per engine (the old layout, a benchmark baseline)."""
+    stream_interval: PositiveInt = 1
+    """Tokens per SSE event after the first, as vLLM's ``--stream-interval``: fewer events per token for
+    less CPU per token; 1 (the default) sends every token at once so per-token ITL stays exact."""
     engine_clock: Literal["thread", "spin", "timer"] = "thread"
     """How an actor's engines wake at their step deadlines (``actors.clock``): ``thread`` (one helper thread
     sleeps precisely off the loop), ``spin`` (the loop polls the last millisecond: least lag, most CPU),

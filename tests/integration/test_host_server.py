@@ -6,6 +6,7 @@ Real sockets and HTTP, no Ray: two engines of one process on one port, the route
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -135,3 +136,25 @@ async def test_killing_one_engine_cuts_its_streams_and_spares_the_other(
         finally:
             await feed.stop()
     assert engines["a"].num_running == 0 and engines["a"].kv.pool.num_free == engines["a"].cfg.num_blocks
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+async def test_stream_interval_sends_the_first_token_at_once_then_groups(interval: int) -> None:
+    engine = make_engine("s")
+    server = EngineServer(engine, EngineMetrics("lesson", "s"), stream_interval=interval)
+    engine.start()
+    url = await server.start()
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 10, "ignore_eos": True, "stream": True, "return_token_ids": True}
+    try:
+        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=body) as r:
+            events = [json.loads(line[6:]) async for line in r.content
+                      if line.startswith(b"data: {")]
+    finally:
+        await server.stop()
+        await engine.stop()
+    sizes = [len(e["choices"][0]["token_ids"]) for e in events if e["choices"]]
+    assert sum(sizes) == 10
+    assert sizes == ([1] * 10 if interval == 1 else [1, 4, 4, 1])
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(ValueError):
+        EngineServer(engine, EngineMetrics("lesson", "t"), stream_interval=0)
