@@ -105,6 +105,13 @@ def build_headers(spec: RequestSpec, id_prefix: str = "") -> dict[str, str]:
     return h
 
 
+def is_plain_content(data: bytes) -> bool:
+    """Whether an event's JSON is a mid-stream content chunk (a choice, no finish, no usage, no error), told
+    from its bytes alone: the load generator need not parse the events that only mark a token's arrival."""
+    return (data[:1] == b"{" and data[-1:] == b"}" and b'"choices":[{' in data and b'"finish_reason":null' in data
+            and b'"usage"' not in data and b'"error"' not in data)
+
+
 class SSELines:
     """Splits a byte stream into lines of any length (``\n`` or ``\r\n`` ended).
 
@@ -243,6 +250,7 @@ class CompletionClient:
                 else:
                     lines = SSELines()
                     done = False
+                    fast = not self.config.record_tokens
                     async for piece in resp.content.iter_any():
                         now = time.monotonic()
                         for line in lines.feed(piece):
@@ -252,6 +260,15 @@ class CompletionClient:
                             if data == b"[DONE]":
                                 done = True
                                 break
+                            if fast and is_plain_content(data):
+                                # A mid-stream content chunk: only its arrival matters here, no parse.
+                                if first is None:
+                                    first = now
+                                else:
+                                    gaps.append(now - last)
+                                last = now
+                                chunks += 1
+                                continue
                             event = json.loads(data)
                             if not isinstance(event, dict):
                                 raise ValueError(f"event is not a JSON object: {data[:80]!r}")

@@ -79,3 +79,16 @@ def test_idle_needs_gauges_and_counts_router_held_requests() -> None:
     assert DepthSample(0.0, None, None).idle is None
     assert router_inflight([{"name": "a", "inflight": 2}, {"name": "b", "inflight": 1}]) == 3.0
     assert router_inflight([{"name": "a"}]) is None and router_inflight(None) is None
+
+
+def test_plain_content_chunks_are_told_from_their_bytes() -> None:
+    from actors.openai_api import ResponseShapes, error_body, sse
+    from cluster.loadtest.client import is_plain_content
+
+    shapes = ResponseShapes(False, "m", "cmpl-1")
+    body = sse(shapes.chunk(" hi", None))[6:-2]
+    assert is_plain_content(body)
+    assert not is_plain_content(sse(shapes.chunk(" hi", "length"))[6:-2])  # the last one: parsed
+    assert not is_plain_content(sse(shapes.usage_chunk(3, 2))[6:-2])
+    assert not is_plain_content(sse(error_body(503, "gone"))[6:-2])
+    assert not is_plain_content(body[:-1])  # truncated: parsed, and refused there
