@@ -4,8 +4,9 @@ Layouts compared in the same run:
 - ``new``: the default: one actor per emulated node, its engines on one HTTP server by path, one timer per
   process, the feed per actor and on change;
 - ``old``: one actor per GPU, a server per engine, the old feed (one WebSocket per engine, every engine's
-  load every 50 ms): ``gpus_per_actor 1, engine_server per_engine, FeedSpec(per_actor=False,
-  only_changes=False, heartbeat_ms=50)``.
+  load every 50 ms), engines polling the loop before each deadline: ``gpus_per_actor 1, engine_server
+  per_engine, FeedSpec(per_actor=False, only_changes=False, heartbeat_ms=50), engine_clock spin``. (The
+  hot-path changes shared by both layouts, SSE template, relay writes, are in the baseline too.)
 
 Figures (``--parts``, default all):
 - ``idle``: cores the worker actors and the router burn together with no request, for 64 and 256 emulated
@@ -48,7 +49,7 @@ GOAL_CAPACITY_RATIO_4GPU = 3.0
 OLD_FEED: dict[str, Any] = {"per_actor": False, "only_changes": False, "heartbeat_ms": 50.0}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "new": {},
-    "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED},
+    "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED, "engine_clock": "spin"},
 }
 OLD_LAYOUT_MAX_GPUS = 16
 """Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
