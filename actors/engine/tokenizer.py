@@ -91,6 +91,15 @@ class OutputModel:
         x ^= x >> 29
         return RESERVED + x % (self.vocab_size - RESERVED)
 
+    def tokens(self, base: int, start: int, count: int) -> list[int]:
+        """``token(base, p)`` for ``p`` in ``start .. start + count - 1``, vectorized (same 64-bit mixing)."""
+        pos = np.arange(start, start + count, dtype=np.uint64)
+        x = np.uint64(base) ^ (pos * np.uint64(0x9E3779B97F4A7C15))
+        x = (x ^ (x >> np.uint64(31))) * np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(29)
+        out: list[int] = (np.uint64(RESERVED) + x % np.uint64(self.vocab_size - RESERVED)).tolist()
+        return out
+
     def natural_length(self, base: int) -> int:
         """Where the emulated model emits EOS when ``ignore_eos`` is false."""
         return self.min_natural + (base >> 7) % (self.max_natural - self.min_natural + 1)

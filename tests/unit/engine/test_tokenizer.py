@@ -40,3 +40,10 @@ def test_chat_template_shares_the_system_prefix() -> None:
     b = TOK.chat_prompt([("system", "You are terse."), ("user", "bye")])
     n = len(TOK.encode("<|system|>\nYou are terse.\n"))
     assert a[:n] == b[:n]
+
+
+def test_output_model_tokens_in_bulk_are_the_tokens_one_by_one() -> None:
+    out = OutputModel(128256)
+    for base in (0, 1, 2**63 + 12345, 2**64 - 1):
+        assert out.tokens(base, 5, 300) == [out.token(base, p) for p in range(5, 305)]
+    assert out.tokens(7, 0, 0) == []
