@@ -40,12 +40,15 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from actors.engine.kv_blocks import BlockHash, BlockRemoved, BlockStored, KVEvent, blake2b_64
-from actors.engine.tiers.base import MEDIUM_CPU, KVTier, TierError, TierIntegrity, TierTimeout
+from actors.engine.tiers.base import MEDIUM_CPU, KVTier, TierError, TierIntegrity, TierMiss, TierTimeout
 from actors.engine.tiers.cpu import CPUTier
 from actors.engine.tiers.disk import DiskTier
 from actors.engine.tiers.payload import BlockPayloads
 from actors.engine.tiers.policies import make_policy
 from config.tiers import TierDevice, TiersSpec, tier_devices
+
+MAX_RELOCATIONS = 4
+"""A load locates a block again at most this many times after a level said it had moved on."""
 
 
 class ChainClock(Protocol):
@@ -336,27 +339,48 @@ class TierChain:
             self.on_ready()
 
     async def _load(self, ticket: LoadTicket, levels: list[int]) -> None:
-        by_level: dict[int, list[BlockHash]] = {}
-        for k, lvl in zip(ticket.keys, levels, strict=True):
-            if k not in self.staged:
-                by_level.setdefault(lvl, []).append(k)
+        """Read every key, each from where it lives *now*: between ``start_load`` and the read a write may
+        have landed or a level may have evicted a block to the next one down (the load's own GPU allocation
+        writes blocks down), so levels are looked up again before each read, highest level first."""
         medium = self.tiers[levels[0]].medium if levels else ""
+        got: dict[BlockHash, bytes] = {}
+        pending = list(ticket.keys)
+        moved = 0
         try:
-            got: dict[BlockHash, bytes] = {k: self.staged[k].payload for k in ticket.keys if k in self.staged}
-            for lvl, keys in sorted(by_level.items()):
+            while pending:
+                by_level: dict[int, list[BlockHash]] = {}
+                for k in pending:
+                    st = self.staged.get(k)
+                    if st is not None:
+                        got[k] = st.payload
+                        continue
+                    lvl = next((i for i, t in enumerate(self.tiers) if t.lookup((k,))), None)
+                    if lvl is None:
+                        raise TierMiss(medium, f"block {k:#x} left every tier before it was read")
+                    by_level.setdefault(lvl, []).append(k)
+                if not by_level:
+                    break
+                lvl, keys = min(by_level.items())
                 tier = self.tiers[lvl]
                 medium = tier.medium
                 try:
                     data = await asyncio.wait_for(tier.get(keys), self.io_timeout_s)
                 except TimeoutError:
                     raise TierTimeout(tier.name, f"no answer in {self.io_timeout_s:g} s") from None
+                except TierMiss:
+                    # Evicted (moved down) after it was located (the writer ran before the read began):
+                    # locate again, a bounded number of times.
+                    moved += 1
+                    if moved > MAX_RELOCATIONS:
+                        raise
+                    continue
                 if len(data) != len(keys):
                     raise TierIntegrity(tier.name, f"{len(data)} blocks for {len(keys)} asked")
-                got.update(zip(keys, data, strict=True))
-            for k in ticket.keys:
-                if not self.payloads.matches(k, got[k]):
-                    medium = self.tiers[levels[ticket.keys.index(k)]].medium
-                    raise TierIntegrity(medium, f"block {k:#x} came back with other bytes")
+                for k, d in zip(keys, data, strict=True):
+                    if not self.payloads.matches(k, d):
+                        raise TierIntegrity(tier.name, f"block {k:#x} came back with other bytes")
+                    got[k] = d
+                pending = [k for k in pending if k not in got]
         except TierError as e:
             ticket.error = f"{type(e).__name__}: {e}"
             ticket.medium_failed = medium

@@ -218,3 +218,19 @@ async def test_chain_snapshot_lists_public_keys_by_medium(tmp_path: Path) -> Non
     assert sorted(held) == [MEDIUM_CPU, MEDIUM_DISK]
     assert sorted(held[MEDIUM_CPU] + held[MEDIUM_DISK]) == sorted(int(k) for k in keys(2))
     await chain.close()
+
+
+async def test_load_finds_blocks_that_moved_down_after_it_started(tmp_path: Path) -> None:
+    """The load's own GPU allocation writes blocks down, which can push the blocks being loaded from the CPU
+    tier to disk before the read begins: the load locates them again instead of failing."""
+    chain = chain_of(VirtualClock(), cpu(2), disk(tmp_path, 8))
+    chain.start()
+    ks = keys(4)
+    chain.write_down(ks[:2])
+    await chain.flush()
+    chain.write_down(ks[2:])  # as try_load's allocation does: queued first, it evicts both to disk ...
+    ticket = chain.start_load(ks[:2], 32)  # ... after they were located in the CPU tier
+    assert ticket.task is not None
+    await ticket.task
+    assert ticket.error is None and chain.finish_load(ticket)
+    await chain.close()
