@@ -232,11 +232,17 @@ class VirtualDriver:
 
     # -- decode stretches --------------------------------------------------------------------------
     def _stretch_length(self) -> int:
-        """Steps the running sequences can decode before any of them finishes (0: not a pure stretch)."""
+        """Steps the running sequences can decode before anything else could happen (0: not a stretch).
+
+        Bounded by the first finish (that step runs step by step) and by the free KV blocks (no step of
+        the stretch may need a preemption). A waiting request is allowed only when the head of the queue
+        has arrived and cannot be admitted even at the stretch's first step: free blocks only shrink during
+        a stretch, so it cannot be admitted later in it either.
+        """
         eng = self.engine
         sched = eng.scheduler
         limits = sched.limits
-        if (sched.waiting or sched.unfreed or sched.held or eng.kv_subscribers or eng.chunk_listeners
+        if (sched.unfreed or sched.held or eng.kv_subscribers or eng.chunk_listeners
                 or eng.change_listeners or eng.observers != [self] or eng.slowdown != 1.0):
             return 0
         running = sched.running
@@ -254,9 +260,47 @@ class VirtualDriver:
         if k < MIN_STRETCH:
             return 0
         kv = eng.kv
-        if sum(kv.blocks_needed(seq, k) for seq in running) > kv.pool.num_free:
+        free = kv.pool.num_free
+        if sched.waiting and not self._head_blocked(free - sum(kv.blocks_needed(seq, 1) for seq in running)):
             return 0
-        return k
+        if sum(kv.blocks_needed(seq, k) for seq in running) <= free:
+            return k
+        lo, hi = 0, k  # the longest stretch whose blocks fit: needs grow with k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if sum(kv.blocks_needed(seq, mid) for seq in running) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo if lo >= MIN_STRETCH else 0
+
+    def _head_blocked(self, free_at_admission: int) -> bool:
+        """The waiting queue's head cannot be admitted at the stretch's first step (``Scheduler.schedule``'s
+        admission rules), with ``free_at_admission`` blocks left after the running sequences' allocations.
+        With prefix caching a hit's revived blocks make the count uncertain: not claimed then."""
+        eng = self.engine
+        sched = eng.scheduler
+        limits = sched.limits
+        if len(sched.running) >= limits.max_num_seqs:
+            return True
+        head = sched.waiting[0]
+        if eng.kv.enable_caching or head.preloaded or not self._head_arrived():
+            return False
+        budget = limits.max_num_batched_tokens - len(sched.running)
+        if budget <= 0:
+            return True
+        n = head.num_tokens - head.num_computed_tokens
+        if 0 < limits.long_prefill_token_threshold < n:
+            n = limits.long_prefill_token_threshold
+        if n > budget:
+            if not limits.enable_chunked_prefill:
+                return True
+            n = budget
+        return eng.kv.blocks_needed(head, n) > free_at_admission
+
+    def _head_arrived(self) -> bool:
+        sched = self.engine.scheduler
+        return bool(sched.waiting) and sched.waiting[0].arrival_ms <= (self.engine._last_start or 0.0)
 
     def _decode_stretch(self, start_ms: float) -> float | None:
         """Run a decode stretch starting at ``start_ms`` (module docstring); its end, or None if none."""
@@ -279,11 +323,9 @@ class VirtualDriver:
                 allocs[j].append(i)
             for j in range(bs - c % bs, k + 1, bs):  # c + j is a multiple of bs
                 fills[j].append(i)
-        next_token = sched.next_token
+        outputs, bases = eng.outputs, eng._bases
         for seq in running:
-            out = seq.output_ids
-            for _ in range(k):
-                out.append(next_token(seq))
+            seq.output_ids.extend(outputs.tokens(bases[seq.request_id], len(seq.output_ids), k))
         for j in sorted(allocs.keys() | fills.keys()):
             for i in allocs.get(j, ()):
                 seq = running[i]
