@@ -21,6 +21,7 @@ Figures (``--parts``, default all):
   scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms.
 - ``clock``: capacity at 4 GPUs with each ``engine_clock`` (spin: the loop polls the last ms before a
   deadline; thread: a helper thread sleeps off the loop; timer: the loop's timers alone).
+- ``invariance``: one synthetic trace (240 requests at 12/s) on 8 GPUs in both layouts: TTFT/TPOT p50/p99.
 ``--quick`` (about a minute): idle at 64 GPUs only, capacity at 4 GPUs (3 levels of 4 s), Mooncake 15 s,
 new layout only for Mooncake. The host is shared: other processes' load shows in every figure.
 """
@@ -170,6 +171,46 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
     return out
 
 
+INVARIANCE_WORKLOAD = """format: synthetic
+num_requests: {n}
+rate: 12
+block_size: 16
+input_len: {{kind: uniform, mean: 512, spread: 256}}
+output_len: {{kind: uniform, mean: 64, spread: 32}}
+seed: 7
+"""
+
+
+def invariance_part(quick: bool) -> dict[str, Any]:
+    """The same synthetic trace on 8 GPUs as 8 processes (old layout) and as 1 (new): TTFT/TPOT side by side."""
+    import tempfile
+
+    from cluster.loadtest import LoadTestConfig, read_trace, run_loadtest, run_sync
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        wl = Path(tmp) / "wl.yaml"
+        wl.write_text(INVARIANCE_WORKLOAD.format(n=48 if quick else 240))
+        for label, layout in LAYOUTS.items():
+            h = launch(spec(8, layout))
+            try:
+                s = run_sync(run_loadtest(h.router_url, read_trace(wl, "synthetic"),
+                                          LoadTestConfig(name=f"density-invariance-{label}", progress=False,
+                                                         plots=False), out_root=None)).summary
+                actors = len(h.workers)
+            finally:
+                h.shutdown()
+            row = {"actors": actors, "completed": s["completed"], "failed": s["failed"],
+                   **{f"{m}_{q}": s[f"{m}_ms"][q] for m in ("ttft", "tpot") for q in ("p50", "p99")},
+                   "step_lag_ms": s.get("step_lag_ms")}
+            out[f"invariance_8gpu_{label}"] = row
+            print(f"invariance 8 GPUs, {label} layout: {row}", flush=True)
+    new, old = out["invariance_8gpu_new"], out["invariance_8gpu_old"]
+    for m in ("ttft_p50", "tpot_p50"):
+        out[f"invariance_{m}_ratio_new_over_old"] = round(new[m] / old[m], 4) if old[m] else None
+    return out
+
+
 def clock_part(quick: bool) -> dict[str, Any]:
     """Capacity at 4 GPUs (new layout) with each way of waking engines at their deadlines (``engine_clock``)."""
     out: dict[str, Any] = {}
@@ -185,7 +226,8 @@ def clock_part(quick: bool) -> dict[str, Any]:
     return out
 
 
-PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part, "clock": clock_part}
+PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part, "clock": clock_part,
+         "invariance": invariance_part}
 
 
 def main() -> None:
