@@ -5,6 +5,11 @@ time), ``chaos_context.json``, ``checker.json`` and ``chaos.json`` (per event: r
 before/during/after, time until throughput is back to 90%); prints a table per event and the checker's
 verdict, and with ``--json`` the ``chaos.json`` object as the last line. Exit status 1 when the checker
 found a violation.
+
+``--soak``: instead of a schedule file, seeded random kills and spot preemptions (``--every`` emulated
+seconds apart on average, each engine replaced ``--replace-after`` s after its kill) over ``--duration``
+seconds of the trace (default: the Mooncake conversation trace in ``../shared/traces/``); ``chaos.json``
+then carries ``soak``: requests succeeded (%), tokens lost or repeated, step lag.
 """
 
 from __future__ import annotations
@@ -22,8 +27,16 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="cluster spec to launch")
     p.add_argument("--address", help="attach to this Ray cluster (HOST:PORT) instead of starting an embedded one")
-    p.add_argument("--schedule", type=Path, required=True, metavar="FILE", help="fault schedule (YAML)")
-    p.add_argument("--trace", type=Path, required=True, help="trace file (Mooncake JSONL, Azure CSV, synthetic YAML)")
+    p.add_argument("--schedule", type=Path, default=None, metavar="FILE", help="fault schedule (YAML)")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="trace file (Mooncake JSONL, Azure CSV, synthetic YAML); --soak: Mooncake's by default")
+    p.add_argument("--soak", action="store_true",
+                   help="random kills and preemptions over --duration seconds instead of --schedule")
+    p.add_argument("--every", type=float, default=30.0, help="--soak: mean emulated seconds between faults")
+    p.add_argument("--notice", type=float, default=30.0, help="--soak: spot preemption notice, emulated s")
+    p.add_argument("--replace-after", type=float, default=10.0,
+                   help="--soak: emulated seconds from a kill until a fresh engine joins")
+    p.add_argument("--fault-seed", type=int, default=0, help="--soak: seed of the fault draws")
     p.add_argument("--format", default="auto", choices=["auto", *format_names()], help="trace format")
     p.add_argument("--block-size", type=int, default=None, help="tokens per hash-id block (default: inferred)")
     p.add_argument("--duration", type=float, default=None, help="replay this many trace seconds")
@@ -74,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.chaos.injectors import UnsupportedEvent, plan_actions
     from cluster.chaos.run import run_chaos
     from cluster.chaos.schedule import load_schedule
+    from cluster.chaos.soak import DEFAULT_TRACE, SoakConfig, soak_schedule
     from cluster.loadtest import (
         ClientConfig,
         LoadTestConfig,
@@ -88,19 +102,32 @@ def run(args: argparse.Namespace) -> int:
     from cluster.loadtest.report import new_run_folder
     from config import ConfigError, load_cluster
 
+    if args.soak == (args.schedule is not None):
+        raise SystemExit("error: give either --schedule FILE or --soak (with --duration)")
+    if args.soak and args.duration is None:
+        raise SystemExit("error: --soak needs --duration (seconds of the trace to replay)")
+    trace_path = args.trace or (Path(__file__).resolve().parents[2] / DEFAULT_TRACE if args.soak else None)
+    if trace_path is None:
+        raise SystemExit("error: --trace is required without --soak")
     try:
-        schedule = load_schedule(args.schedule)
-        plan_actions(schedule)  # an event this build cannot inject fails before anything starts
         spec = load_cluster(args.config)
-        trace = read_trace(args.trace, args.format, ReadOptions(block_size=args.block_size, seed=args.seed))
-    except (ConfigError, UnsupportedEvent, TraceError) as e:
+        if args.soak:
+            schedule = soak_schedule(SoakConfig(duration_s=args.duration, every_s=args.every, notice_s=args.notice,
+                                                replace_after_s=args.replace_after, seed=args.fault_seed),
+                                     [e.name for e in spec.engines()])
+        else:
+            schedule = load_schedule(args.schedule)
+        plan_actions(schedule)  # an event this build cannot inject fails before anything starts
+        trace = read_trace(trace_path, args.format, ReadOptions(block_size=args.block_size, seed=args.seed))
+    except (ConfigError, UnsupportedEvent, TraceError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     if args.time_scale is not None:
         if args.time_scale <= 0:
             raise SystemExit("error: --time-scale must be positive")
         spec = spec.model_copy(update={"time_scale": args.time_scale})
     try:
-        schedule.check_against([e.name for e in spec.engines()], {e.node for e in spec.engines()}, str(args.schedule))
+        schedule.check_against([e.name for e in spec.engines()], {e.node for e in spec.engines()},
+                               str(args.schedule or "--soak"))
         config = LoadTestConfig(
             name=args.name or schedule.name,
             slice=WorkloadSlice(duration_s=args.duration, max_requests=args.max_requests),
@@ -124,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {e}") from None
     finally:
         handle.shutdown()
+    if args.soak:
+        from cluster.chaos.run import CHAOS_FILE
+        from cluster.chaos.soak import soak_figures
+        from cluster.loadtest.report import write_json
+
+        summary["soak"] = soak_figures(summary)
+        write_json(folder / CHAOS_FILE, summary)
+        out.print(f"soak: {summary['soak']}")
     print_chaos(out, summary)
     if args.json:
         print_json(summary)

@@ -1,0 +1,106 @@
+"""The fault-tolerance table the field publishes (Dynamo's: a decode worker killed under load, at one replica
+and at four): failed requests and recovery time, with request migration off and on.
+
+Each row launches ``dp`` colocated Llama-3.1-8B engines on emulated H100s behind the router (least loaded),
+replays an open-loop Poisson workload sized to the replicas (``RATE_PER_REPLICA`` requests/s each, ~200
+output tokens), and kills engine ``w-0`` at ``KILL_AT_S``; a fresh engine replaces it ``REPLACE_AFTER_S``
+later (so one replica can recover at all). ``migrate``: the router continues a stream cut by the kill on
+another engine (``RouterSpec.migrate``), else the client gets an error. Figures per row, from the chaos
+run's ``chaos.json``: requests failed (and of how many), recovery time (emulated s from the replacement
+joining until output throughput is back to 90% of the 10 s before the kill; ``recovery_after_kill_s``
+counts from the kill), the history checker's verdict. Baseline, same run: the same load at each ``dp``
+without a fault (its failed requests and throughput).
+
+``--quick``: 14 s of load per row instead of 24 s, kill at 6 s. The host is shared; step lag is reported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import emit, parser
+
+RATE_PER_REPLICA = 2.0
+REPLACE_AFTER_S = 3.0
+
+
+def spec(dp: int, migrate: bool) -> dict[str, Any]:
+    return {"name": f"ft-dp{dp}", "time_scale": 1.0,
+            "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": dp,
+                       "engines": [{"name": "w", "model": "llama-3.1-8b", "replicas": dp}]}],
+            "router": {"policy": "least_loaded", "migrate": migrate}}
+
+
+def workload(dp: int, duration_s: float) -> str:
+    return (f"format: synthetic\nnum_requests: {int(RATE_PER_REPLICA * dp * duration_s)}\n"
+            f"rate: {RATE_PER_REPLICA * dp}\nblock_size: 16\n"
+            "input_len: {kind: uniform, mean: 512, spread: 256}\n"
+            "output_len: {kind: uniform, mean: 200, spread: 50}\nseed: 11\n")
+
+
+def row(dp: int, migrate: bool, kill_at_s: float | None, duration_s: float, tmp: Path) -> dict[str, Any]:
+    from cluster.chaos.run import run_chaos
+    from cluster.chaos.schedule import parse_schedule
+    from cluster.launch import launch
+    from cluster.loadtest import ClientConfig, LoadTestConfig, ReplayConfig, read_trace, run_sync
+    from config import ClusterSpec
+
+    name = f"dp{dp}-{'migrate' if migrate else 'nomigrate'}-{'kill' if kill_at_s is not None else 'baseline'}"
+    wl = tmp / f"{name}.yaml"
+    wl.write_text(workload(dp, duration_s))
+    events = [] if kill_at_s is None else [{"kind": "kill_engine", "at_s": kill_at_s,
+                                            "engine": "w" if dp == 1 else "w-0",
+                                            "replace_after_s": REPLACE_AFTER_S}]
+    config = LoadTestConfig(name=name, replay=ReplayConfig(), client=ClientConfig(request_timeout_s=120.0),
+                            progress=False, plots=False)
+    handle = launch(ClusterSpec.model_validate(spec(dp, migrate)))
+    try:
+        s = run_sync(run_chaos(handle, parse_schedule({"name": name, "events": events}),
+                               read_trace(wl, "synthetic"), config, tmp / name, window_s=5.0))
+    finally:
+        handle.shutdown()
+    lt = s["loadtest"]
+    out: dict[str, Any] = {"dp": dp, "migrate": migrate, "requests": lt["requests"], "failed": lt["failed"],
+                           "output_tok_s": round(lt["output_throughput"], 1), "checker_ok": s["checker"]["ok"],
+                           "step_lag_p99_ms": (lt.get("step_lag_ms") or {}).get("p99")}
+    if s["impact"]:
+        imp = s["impact"][0]
+        rec = imp["recovery_s"]
+        out |= {"failed_around_kill": imp["failed"], "recovery_s": rec,
+                "recovery_after_kill_s": None if rec is None else round(rec + REPLACE_AFTER_S, 2),
+                "throughput_before_tok_s": round(imp["throughput_before_tok_s"], 1)}
+    return out
+
+
+def main() -> None:
+    args = parser(__doc__ or "").parse_args()
+    import ray
+
+    from cluster.launch import start_local_ray
+
+    duration, kill_at = (14.0, 6.0) if args.quick else (24.0, 10.0)
+    tmp_ray = start_local_ray(num_cpus=4, configure_logging=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvmesh-ft-") as d:
+            tmp = Path(d)
+            baselines = {dp: row(dp, True, None, duration, tmp) for dp in (1, 4)}
+            rows = [row(dp, migrate, kill_at, duration, tmp) for dp in (1, 4) for migrate in (False, True)]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp_ray, ignore_errors=True)
+    for r in rows:
+        print(f"dp={r['dp']} migrate={'on ' if r['migrate'] else 'off'}: failed {r['failed']}/{r['requests']}, "
+              f"recovery {r.get('recovery_s')} s after the replacement ({r.get('recovery_after_kill_s')} s after "
+              f"the kill), checker {'OK' if r['checker_ok'] else 'VIOLATIONS'}, lag p99 {r['step_lag_p99_ms']} ms")
+    emit({"bench": "fault_table", "quick": args.quick, "kill_at_s": kill_at, "replace_after_s": REPLACE_AFTER_S,
+          "rate_per_replica": RATE_PER_REPLICA, "rows": rows, "baseline_no_fault": list(baselines.values())})
+
+
+if __name__ == "__main__":
+    main()
