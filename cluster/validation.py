@@ -25,6 +25,19 @@ rounds (70B fp8 on 4 H200s, C 8, 8192/1024: round means 1630, 723, 619, 619 ... 
 three rounds extrapolated overstated TTFT by up to 15% on such rows and misjudged TPOT where the
 prefill train drifts for many rounds (8B fp8, C 32, 4000/100: TTFT still falling at round 16).
 
+Not every row was made this way. The Llama-3.1-70B rows (``silicon_data_source`` ``source_file=<date>.csv``,
+no vLLM version given) are aiconfigurator's own benchmark runs as above. The Llama-3.1-8B-Instruct-FP8,
+Qwen3-32B and Qwen3-235B-A22B-FP8 rows are vLLM 0.12.0 runs from another harness
+(``aic-auto-gap-analysis``) whose client and server settings the table does not give; they are replayed
+with the same protocol, but their figures can contradict it: ``implied_tensor_share`` is the least share of
+the GPUs' dense tensor peak a closed loop at a row's measured TTFT and TPOT needs, and the 8B-FP8 H200 rows
+need a median 49% and up to 101% (2000/100 tokens, C 64, TP 1) of H200's fp8 peak, sustained, decode
+steps included, which no H200 does; the 70B rows need at most 22-33%. Rows above ``IMPLAUSIBLE_SHARE`` are
+counted per group (``GroupSummary.implausible``), never dropped.
+
+Replay speed: the closed loop's long runs of pure decode steps are run at once
+(``actors.engine.virtual``'s decode stretches, exact), rows run in worker processes (``jobs``).
+
 A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
 id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
 its mode is aggregated, it has no data-parallel attention, and its expert parallelism (if any) can be
