@@ -284,7 +284,7 @@ class EngineServer:
         if not p:
             raise ApiError(400, "the prompt is empty", "prompt")
         if isinstance(p[0], int):
-            ids = [int(x) for x in p]
+            ids = list(p)  # StrictInt: already ints (no per-token int() over a 100k-token prompt)
             if not self.tokenizer.valid_ids(ids):
                 raise ApiError(400, f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})", "prompt")
             return ids

@@ -101,8 +101,12 @@ def idle_part(quick: bool) -> dict[str, Any]:
     return out
 
 
+SETTINGS: dict[str, float] = {"level_s": 10.0}
+"""``level_s``: seconds of closed-loop load per capacity ladder level (``--level-s``)."""
+
+
 def capacity_part(quick: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS}
+    out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
     for gpus in (4,) if quick else (4, 16, 64):
         for label, layout in LAYOUTS.items():
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
@@ -110,7 +114,7 @@ def capacity_part(quick: bool) -> dict[str, Any]:
                 continue
             h = launch(spec(gpus, layout))
             try:
-                cap = capacity(h, gpus, 1.0, quick, levels_quick=3)
+                cap = capacity(h, gpus, 1.0, quick, levels_quick=3, level_s=None if quick else SETTINGS["level_s"])
                 cap["actors"] = len(h.workers)
                 cap["startup_s"] = round(h.startup_s, 2)
             finally:
@@ -233,7 +237,9 @@ PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     args = p.parse_args()
+    SETTINGS["level_s"] = args.level_s
     parts = [x for x in args.parts.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
     if unknown:

@@ -130,13 +130,14 @@ def process_pids(h: ClusterHandle) -> list[int]:
     return [*h.worker_pids, *(int(ray.get(r.pid.remote(), timeout=30)) for r in h.routers.values())]
 
 
-def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quick: int = 4) -> dict[str, Any]:
+def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quick: int = 4,
+             level_s: float | None = None) -> dict[str, Any]:
     """Closed-loop ladder; per level the rate, the lag and the CPU microseconds per output token end to end
     (worker actors + routers + this process, which runs the load generator)."""
     levels = []
     best: dict[str, Any] | None = None
     ladder = [c for c in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if c >= gpus // 2]
-    duration = 4.0 if quick else 10.0
+    duration = level_s or (4.0 if quick else 10.0)
     pids = process_pids(h)
     for conc in ladder[:levels_quick] if quick else ladder:
         ray.get([w.reset_lag.remote() for w in h.workers])
