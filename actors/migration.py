@@ -147,6 +147,9 @@ class Figures:
 
     migration_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
     checkpoint_ms_per_32: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    checkpoint_modelled_ms_per_32: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    """What the link model alone charges (the measured figure adds the real transport when it is slower)."""
+    checkpoint_real_bottleneck: int = 0
     prompt_checkpoint_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
     recomputed: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     migrated_out: int = 0
@@ -306,6 +309,7 @@ class MigrationAgent:
         self.figures.migrated_out += 1
         return {"ok": True, "to": peer_name, "migration_ms": ms, "blocks": max(0, end - first),
                 "transfer_ms": rec.emulated_ms if rec is not None else 0.0,
+                "transfer_modelled_ms": rec.modelled_ms if rec is not None else 0.0,
                 "token_index": len(state.output_ids)}
 
     # -- live migration, target side ---------------------------------------------------------------
@@ -415,7 +419,9 @@ class MigrationAgent:
             ms = rec.emulated_ms if rec is not None else 0.0
             status, _ = await self._http("POST", w.peer_url, "/kvmesh/checkpoint", {
                 "state": state.model_dump(), "txid": txid, "first_block": first, "end_block": full,
-                "transfer_ms": ms, "kind": kind, "tokens": (full - first) * self.connector.bs})
+                "transfer_ms": ms, "modelled_ms": rec.modelled_ms if rec is not None else 0.0,
+                "real_bottleneck": bool(rec is not None and rec.real_bottleneck), "kind": kind,
+                "tokens": (full - first) * self.connector.bs})
         except (TimeoutError, TransportError, aiohttp.ClientError, OSError):
             self.figures.failed += 1
             return  # the next checkpoint sends these blocks again
@@ -432,6 +438,7 @@ class MigrationAgent:
             first, end = int(body["first_block"]), int(body["end_block"])
             txid, kind = str(body["txid"]), str(body.get("kind", "increment"))
             ms, tokens = float(body.get("transfer_ms", 0.0)), int(body.get("tokens", 0))
+            modelled, slow = float(body.get("modelled_ms", 0.0)), bool(body.get("real_bottleneck", False))
         except (KeyError, TypeError, ValueError, ValidationError) as e:
             return web.json_response({"error": f"checkpoint needs state, txid, first_block, end_block: {e}"},
                                      status=400)
@@ -446,6 +453,8 @@ class MigrationAgent:
             per32 = ms * 32.0 / tokens
             self.metrics.checkpoint_s.labels(self.metrics.engine).observe(per32 / 1000.0)
             self.figures.checkpoint_ms_per_32.append(per32)
+            self.figures.checkpoint_modelled_ms_per_32.append(modelled * 32.0 / tokens)
+            self.figures.checkpoint_real_bottleneck += int(slow)
         elif kind == "prompt":
             self.figures.prompt_checkpoint_ms.append(ms)
         return web.json_response({"ok": True})
@@ -487,4 +496,6 @@ class MigrationAgent:
         return {"migrated_out": f.migrated_out, "migrated_in": f.migrated_in,
                 "resumed_from_checkpoint": f.resumed_from_checkpoint, "failed": f.failed,
                 "migration_ms": list(f.migration_ms), "checkpoint_ms_per_32_tokens": list(f.checkpoint_ms_per_32),
+                "checkpoint_modelled_ms_per_32_tokens": list(f.checkpoint_modelled_ms_per_32),
+                "checkpoint_real_bottleneck": f.checkpoint_real_bottleneck,
                 "prompt_checkpoint_ms": list(f.prompt_checkpoint_ms), "recomputed_tokens": list(f.recomputed)}

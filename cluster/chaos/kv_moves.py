@@ -55,6 +55,7 @@ def summarize(page: MetricsText | None, engines: Mapping[str, Mapping[str, Any]]
     count = page.total(f"{MOVE_SECONDS}_count") if page is not None else None
     total = page.total(f"{MOVE_SECONDS}_sum") if page is not None else None
     per32 = [x for s in engines.values() for x in s.get("checkpoint_ms_per_32_tokens", ())]
+    modelled = [x for s in engines.values() for x in s.get("checkpoint_modelled_ms_per_32_tokens", ())]
     prompt_ck = [x for s in engines.values() for x in s.get("prompt_checkpoint_ms", ())]
     recomputed = [x for s in engines.values() for x in s.get("recomputed_tokens", ())]
     return {
@@ -63,6 +64,8 @@ def summarize(page: MetricsText | None, engines: Mapping[str, Mapping[str, Any]]
         "resumed_from_checkpoint": int(sum(r.get("resumed_checkpoint_ok", 0) for r in by_source.values())),
         "migration_ms_mean": (1000.0 * total / count) if count and total is not None else None,
         "checkpoint_ms_per_32_tokens": _stats(per32),
+        "checkpoint_modelled_ms_per_32_tokens": _stats(modelled),
+        "checkpoint_real_bottleneck": int(sum(s.get("checkpoint_real_bottleneck", 0) for s in engines.values())),
         "prompt_checkpoint_ms": _stats(prompt_ck),
         "recomputed_tokens_per_resume": _stats(recomputed),
         "engines": {n: {k: v for k, v in s.items() if not isinstance(v, list)} for n, s in engines.items()},

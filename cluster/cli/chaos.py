@@ -64,15 +64,23 @@ def print_chaos(out: Any, summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"chaos: {summary['schedule']}")
-    for col in ("#", "kind", "at s", "failed", "TTFT p50 before/during/after ms", "TPOT p50 before/during/after ms",
-                "recovery s"):
+    for col in ("#", "kind", "at s", "failed", "migrated", "ckpt resumed", "TTFT p50 before/during/after ms",
+                "TPOT p50 before/during/after ms", "recovery s"):
         table.add_column(col)
     for imp in summary["impact"]:
         ttft = "/".join(_fmt(imp[w]["ttft_ms"]["p50"]) for w in ("before", "during", "after"))
         tpot = "/".join(_fmt(imp[w]["tpot_ms"]["p50"]) for w in ("before", "during", "after"))
-        table.add_row(str(imp["index"]), imp["kind"], f"{imp['at_s']:g}", str(imp["failed"]), ttft, tpot,
+        table.add_row(str(imp["index"]), imp["kind"], f"{imp['at_s']:g}", str(imp["failed"]),
+                      str(imp.get("migrated", "-")), str(imp.get("resumed_from_checkpoint", "-")), ttft, tpot,
                       _fmt(imp["recovery_s"]))
     out.print(table)
+    kv = summary.get("kv_migration") or {}
+    if kv.get("migrated") or kv.get("resumed_from_checkpoint") or kv.get("checkpoint_ms_per_32_tokens"):
+        ck, rc = kv.get("checkpoint_ms_per_32_tokens") or {}, kv.get("recomputed_tokens_per_resume") or {}
+        out.print(f"KV moves: {kv['migrated']} migrated (mean {_fmt(kv.get('migration_ms_mean'))} ms each), "
+                  f"{kv['resumed_from_checkpoint']} resumed from a checkpoint (tokens recomputed: mean "
+                  f"{_fmt(rc.get('mean'))}, max {_fmt(rc.get('max'))}); checkpoint per 32 tokens: mean "
+                  f"{ck.get('mean', float('nan')):.3f} ms over {ck.get('n', 0)}")
     chk = summary["checker"]
     out.print(f"checker: {'OK' if chk['ok'] else 'VIOLATIONS'} over {chk['requests']} requests, "
               f"{chk['tokens_checked']} tokens; by rule: {chk['violations_by_rule'] or 'none'}")
