@@ -239,6 +239,9 @@ class GpuWorker:
             await engine.stop()
             if self.host_server is None:
                 await server.stop()
+            agent = self.agents.pop(n, None)
+            if agent is not None:
+                await agent.close()
             connector = self.connectors.pop(n, None)
             if connector is not None:
                 await connector.close()
