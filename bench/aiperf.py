@@ -76,20 +76,31 @@ def kvmesh_run(trace: Path) -> dict[str, Any]:
         cfg = LoadTestConfig(name="kvmesh", client=ClientConfig(time_scale=1.0), progress=False, plots=False)
         res = run_sync(run_loadtest(h.router_url, data, cfg, out_root=None))
     s = res.summary
+    done = max(1, int(s["completed"]))
     return {"ttft_ms": s["ttft_ms"]["mean"], "tpot_ms": s["tpot_ms"]["mean"], "completed": s["completed"],
+            "input_tokens_mean": s["total_input_tokens"] / done, "output_tokens_mean": s["total_output_tokens"] / done,
             "step_lag_p99_ms": (s.get("step_lag_ms") or {}).get("p99")}
 
 
 def aiperf_run(exe: Path, trace: Path, tokenizer: Path, out: Path) -> dict[str, Any]:
+    """AIPerf with the exported tokenizer installed in a private Hub cache (its prompt workers load
+    tokenizers through the cache only, offline), against a fresh cluster."""
+    import os
+
+    from actors.engine.hf_export import install_in_hf_cache
     from cluster.launch import launch
+
+    repo = "kvmesh/builtin-tokenizer"
+    install_in_hf_cache(tokenizer, out.parent / "hf", repo)
+    env = {**os.environ, "HF_HOME": str(out.parent / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
     with launch(spec()) as h:
         cmd = [str(exe), "profile", "--model", MODEL, "--url", h.router_url, "--endpoint-type", "completions",
                "--streaming", "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace",
-               "--fixed-schedule", "--tokenizer", str(tokenizer), "--use-server-token-count",
+               "--fixed-schedule", "--tokenizer", repo, "--use-server-token-count",
                "--prompt-input-tokens-block-size", "16", "--extra-inputs", "ignore_eos:true",
                "--output-artifact-dir", str(out), "--random-seed", "0", "--ui-type", "none"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=out.parent)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=out.parent, env=env)
     found = sorted(out.rglob("profile_export_aiperf.json"))
     if r.returncode != 0 or not found:
         raise RuntimeError(f"aiperf failed (rc {r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
@@ -98,7 +109,9 @@ def aiperf_run(exe: Path, trace: Path, tokenizer: Path, out: Path) -> dict[str, 
         v = doc[key]
         return float(v["avg"] if isinstance(v, dict) else v)
     return {"ttft_ms": mean("time_to_first_token"), "tpot_ms": mean("inter_token_latency"),
-            "completed": int(mean("request_count")) if "request_count" in doc else None}
+            "completed": int(mean("request_count")) if "request_count" in doc else None,
+            "input_tokens_mean": mean("input_sequence_length") if "input_sequence_length" in doc else None,
+            "output_tokens_mean": mean("output_sequence_length") if "output_sequence_length" in doc else None}
 
 
 def compare(requests: int, install: bool = True) -> dict[str, Any]:

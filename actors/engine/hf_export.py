@@ -14,12 +14,19 @@ from kvmesh. ``export_hf`` writes ``tokenizer.json`` (the ``tokenizers`` library
   characters, so text a load tester builds by decoding ids re-encodes, in kvmesh, to exactly as many tokens.
 
 Invariant: ``len(hf.encode(t)) == len(Tokenizer.encode(t))`` for any text ``t`` (tested).
+
+``install_in_hf_cache`` also lays the files out as a cached Hub repository (``<HF_HOME>/hub/models--<org>--
+<name>/snapshots/<revision>/``, ``refs/main``): some tools resolve a tokenizer through the Hub cache even when
+given a local folder (AIPerf 0.13's prompt workers run with ``HF_HUB_OFFLINE=1`` and look a name up in the
+cache only), and with ``HF_HOME`` pointed there and ``HF_HUB_OFFLINE=1`` they load it by that repo name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import shutil
 import string
 from pathlib import Path
 from typing import Any
@@ -86,3 +93,24 @@ def export_hf(folder: Path, vocab_size: int = 32000, max_context: int = 131072) 
         p.write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
         out.append(p)
     return out
+
+
+def install_in_hf_cache(folder: Path, hf_home: Path, repo: str = "kvmesh/builtin-tokenizer") -> Path:
+    """Copy the exported files in ``folder`` into ``hf_home``'s Hub cache as ``repo`` (see the module
+    docstring); returns the snapshot folder. The revision is a digest of the files, so a re-export that
+    changes nothing lands in the same snapshot."""
+    org, _, name = repo.partition("/")
+    if not org or not name or "/" in name:
+        raise ValueError(f"repo must be 'org/name', got {repo!r}")
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    if not any(p.name == "tokenizer.json" for p in files):
+        raise ValueError(f"{folder} holds no tokenizer.json (run the export first)")
+    digest = hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+    base = hf_home / "hub" / f"models--{org}--{name}"
+    snap = base / "snapshots" / digest
+    snap.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        shutil.copyfile(p, snap / p.name)
+    (base / "refs").mkdir(exist_ok=True)
+    (base / "refs" / "main").write_text(digest)
+    return snap
