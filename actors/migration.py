@@ -128,6 +128,13 @@ class _Checkpoint:
     expires_ms: float
 
 
+@dataclass(frozen=True)
+class CheckpointTarget:
+    url: str
+    address: Address
+    every: int
+
+
 @dataclass
 class _Watch:
     """A request this engine checkpoints to ``peer``."""
@@ -370,13 +377,19 @@ class MigrationAgent:
         return stream, len(st.output_ids)
 
     # -- checkpoints, source side ------------------------------------------------------------------
-    def watch(self, rid: RequestId, spec: Any) -> None:
-        """Checkpoint ``rid`` to the peer ``spec`` names (``{"url", "address", "every"}``)."""
+    @staticmethod
+    def checkpoint_target(spec: Any) -> CheckpointTarget:
+        """The peer ``kv_transfer_params.checkpoint`` names (``{"url", "address", "every"}``); MigrationError
+        (400) when it is malformed, checked before the request is admitted."""
         try:
-            w = _Watch(str(spec["url"]), address_from_json(spec["address"]), max(1, int(spec.get("every", 32))))
+            return CheckpointTarget(str(spec["url"]), address_from_json(spec["address"]),
+                                    max(1, int(spec.get("every", 32))))
         except (KeyError, TypeError, ValueError) as e:
             raise MigrationError(400, f"kv_transfer_params.checkpoint needs url, address, every: {e}") from None
-        self.watching[rid] = w
+
+    def watch(self, rid: RequestId, target: CheckpointTarget) -> None:
+        """Checkpoint ``rid`` to ``target`` as it decodes."""
+        self.watching[rid] = _Watch(target.url, target.address, target.every)
 
     def _stop_watch(self, rid: RequestId, *, drop: bool) -> None:
         w = self.watching.pop(rid, None)

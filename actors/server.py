@@ -314,6 +314,9 @@ class EngineServer:
             params = self._transfer_params(req)
             rid = request.headers.get("X-Request-Id")
             headers: dict[str, str] = {}
+            ck = None
+            if params is not None and params.get("checkpoint") and self.migration is not None:
+                ck = self.migration.checkpoint_target(params["checkpoint"])
             if params is not None and params.get("resume"):
                 stream = await self._resume(params, headers)
             elif params is not None and params.get("do_remote_prefill"):
@@ -323,8 +326,8 @@ class EngineServer:
             else:
                 stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
                                             request_id=rid, arrival_ms=arrival_ms)
-                if params is not None and params.get("checkpoint") and self.migration is not None:
-                    self.migration.watch(stream.request_id, params["checkpoint"])
+            if ck is not None and self.migration is not None:
+                self.migration.watch(stream.request_id, ck)  # a resumed request too
         except MigrationError as e:
             return json_error(e.status, str(e), "kv_transfer_params")
         except ApiError as e:
