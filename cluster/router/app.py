@@ -102,7 +102,7 @@ class RouterServer:
                                        max_attempts=spec.max_attempts, migrate=spec.migrate, kv=self.kv_migrator)
         roles = {w.role for w in self.view.workers.values()}
         self.disagg = (DisaggFlow(site.disagg, self.chooser, self.attempts, self.relay, self.upstream,
-                                  self.metrics.registry, max_attempts=spec.max_attempts)
+                                  self.metrics.registry, max_attempts=spec.max_attempts, kv=self.kv_migrator)
                        if site.disagg is not None and {"prefill", "decode"} <= roles else None)
         self.deadlines = DeadlineSweeper(self.clock, spec.request_timeout_s * 1000.0)
         self.feeds: dict[str, FeedClient] = {}

@@ -33,8 +33,9 @@ from actors.openai_api import error_body, sse
 from cluster.router.attempt import Attempts
 from cluster.router.choice import Chooser, RoutedRequest
 from cluster.router.exchange import SSE_HEADERS, ClientStream, Whole, json_error, json_whole
+from cluster.router.migration import KVMigrator, Tracked
 from cluster.router.policies import RoutingPolicy
-from cluster.router.relay import Collector, Relay, Sink, StreamState
+from cluster.router.relay import MIGRATED, Collector, Relay, Sink, StreamState
 from cluster.router.upstream import Upstream, UpstreamError, post_json, read_json
 from cluster.router.view import RequestContext, WorkerInfo
 from config.cluster import DisaggSpec
@@ -64,7 +65,9 @@ class Plan:
 
 class DisaggFlow:
     def __init__(self, spec: DisaggSpec, chooser: Chooser, attempts: Attempts, relay: Relay, upstream: Upstream,
-                 registry: CollectorRegistry, *, max_attempts: int) -> None:
+                 registry: CollectorRegistry, *, max_attempts: int, kv: KVMigrator | None = None) -> None:
+        self.kv = kv if kv is not None and kv.enabled else None
+        """Live migration and checkpoints of the decode phase (``cluster.router.migration``), when enabled."""
         self.spec = spec
         self.chooser = chooser
         self.attempts = attempts
@@ -95,7 +98,7 @@ class DisaggFlow:
         if all(w.waiting >= self.spec.max_prefill_waiting for w in prefills):
             return Plan("prefill_queue", ranked_d, [])
         pctx = RequestContext(ctx.body, ctx.session_id, ctx.origin_region, ctx.residency, ctx.prompt_ids,
-                              ctx.block_hashes, {}, ctx.text)
+                              ctx.block_hashes, {}, text=ctx.text)
         pctx.overlap = c.overlap(pctx, prefills)
         return Plan("disaggregated", ranked_d, c.rank(policy, prefills, pctx))
 
@@ -220,6 +223,9 @@ class DisaggFlow:
                                   "first_token": st.token_ids[-1], "timeout_ms": self.spec.transfer_timeout_ms}
         if mode == "pull":
             params["prefill_address"] = prefill.extra.get("kv_address")
+        tracked = Tracked(rid, decode, st, req, ctx, self.chooser.policy) if self.kv is not None else None
+        if tracked is not None and self.kv is not None:
+            params.update(self.kv.checkpoint_params(tracked) or {})
         body: dict[str, Any] = {"prompt": ctx.prompt_ids, "max_tokens": req.max_tokens, "stream": True,
                                 "output_token_ids": True, "ignore_eos": req.ignore_eos,
                                 "stream_options": {"include_usage": True}, "kv_transfer_params": params}
@@ -232,7 +238,11 @@ class DisaggFlow:
                     if mode == "pull":
                         await self._release(prefill, rid)
                     if up.status == 200:
-                        failure = await self.relay.relay(up, sink, st, rewrite=True)
+                        if tracked is not None and self.kv is not None:
+                            with self.kv.tracking(tracked):
+                                failure = await self.relay.relay(up, sink, st, rewrite=True)
+                        else:
+                            failure = await self.relay.relay(up, sink, st, rewrite=True)
                         if failure is None:
                             self.attempts.succeeded(decode)
                             return
@@ -244,6 +254,17 @@ class DisaggFlow:
                         cause, target = f"decode_http_{up.status}", prefill
             except UpstreamError:
                 cause, target = "decode_unreachable", prefill
+        if cause == "decode_failed" and tracked is not None and self.kv is not None and failure is not None:
+            # the decode engine moved the request (live migration) or died: go on where its KV is
+            if failure != MIGRATED:
+                self.attempts.failed(decode)
+            if mode == "pull":
+                await self._release(prefill, rid)
+            if await self.kv.carry_on(tracked, failure, sink, req.ignore_eos):
+                return
+            self.metrics.fallbacks.labels("prefill", "decode_failed").inc()
+            await self._continue(prefill, ctx, req, sink, st)
+            return
         if cause != "transfer_failed":
             self.attempts.failed(decode)
             await self._cancel(decode, rid)

@@ -134,3 +134,40 @@ async def test_a_drain_notice_asks_the_worker_to_move_each_stream_to_the_peer_th
     assert r.kv_migrator.metrics.move_seconds.sum == 0.004
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_decode_engine_of_a_pd_pair_hands_its_request_to_another_decode_engine(
+        make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
+    from cluster.router.app import RouterSite
+    from config.cluster import DisaggSpec
+    from tests.unit.router.test_disagg_flow import PROMPT, call, json_answer
+
+    ws = workers(1, role="prefill", prefix="p") + workers(2, role="decode", prefix="d")
+    for w in ws:
+        w.extra["kv_address"] = ADDRESS
+    moved = [*token_events([201], finish=False), event({"kvmesh_migrated": {"to": "d1", "token_index": 2}}),
+             b"data: [DONE]\n\n"]
+
+    def decode(name: str) -> Any:
+        def answer(s: Sent) -> Answer:
+            if s.path == "/kvmesh/reserve":
+                return json_answer({"address": ADDRESS, "cached_blocks": 0})
+            if s.path.startswith("/kvmesh/reserve/"):
+                return json_answer({"cancelled": True})
+            if name == "d0":
+                return Answer(200, moved)
+            assert s.body["kv_transfer_params"]["resume"] == "migrated"
+            return resumed([202, 203], 2)
+        return answer
+
+    upstream.engine("http://d0", decode("d0"))
+    upstream.engine("http://d1", decode("d1"))
+    upstream.engine("http://p0", lambda s: Answer(200, token_events([100], usage=len(PROMPT))))
+    ws[2].running = 3  # the policy picks d0 to decode
+    r = await make_router(ws, site=RouterSite(disagg=DisaggSpec()), policy="least_loaded", kv_migration=LIVE)
+    out = FakeClient()
+    assert await vclock.run(r.completions(call(), out)) is None
+    assert out.token_ids() == [100, 201, 202, 203] and out.events()[-1] == "[DONE]"
+    dec = upstream.to("http://d0")[0].body["kv_transfer_params"]
+    assert dec["do_remote_prefill"] and dec["checkpoint"]["name"] == "d1"  # decode checkpoints go to a decode peer
+    assert r.kv_migrator.metrics.resumes.value("d0", "migrated", "ok") == 1
