@@ -187,8 +187,12 @@ class GpuWorker:
                 self.hub.heal(n)
 
     def _faulty(self, name: str) -> FaultyTransport | None:
+        """The fault wrapper of ``name``'s KV transport (under the link shaping: ``make_transport``)."""
         c = self.connectors.get(name)
-        return c.transport if c is not None and isinstance(c.transport, FaultyTransport) else None
+        t: Any = c.transport if c is not None else None
+        while t is not None and not isinstance(t, FaultyTransport):
+            t = getattr(t, "inner", None)
+        return t
 
     async def partition_from_peers(self, names: list[str], locations: list[str], on: bool) -> None:
         """The named engines' KV transport cut from the peers at ``locations`` (``on``), or reconnected."""
