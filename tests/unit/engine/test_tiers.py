@@ -234,3 +234,23 @@ async def test_load_finds_blocks_that_moved_down_after_it_started(tmp_path: Path
     await ticket.task
     assert ticket.error is None and chain.finish_load(ticket)
     await chain.close()
+
+
+def test_tier_config_is_checked_at_load() -> None:
+    from pydantic import ValidationError
+
+    from config.cluster import EngineGroupSpec
+    from config.tiers import CPUTierSpec, DiskTierSpec, TiersSpec
+
+    with pytest.raises(ValidationError, match="needs a cpu tier"):
+        TiersSpec(preemption="swap")
+    with pytest.raises(ValidationError, match="unknown host-link preset 'nvme-gen4'"):
+        TiersSpec(cpu=CPUTierSpec(capacity_gb=1, link="nvme-gen4"))
+    with pytest.raises(ValidationError, match="unknown nvme preset"):
+        TiersSpec(disk=DiskTierSpec(capacity_gb=1, device="floppy"))
+    with pytest.raises(ValidationError, match="unknown eviction policy 'mru'"):
+        CPUTierSpec(capacity_gb=1, policy="mru")
+    with pytest.raises(ValidationError, match="need scheduler.enable_prefix_caching"):
+        EngineGroupSpec.model_validate({"name": "g", "model": "m", "scheduler": {"enable_prefix_caching": False},
+                                        "tiers": {"cpu": {"capacity_gb": 1}}})
+    assert not TiersSpec().enabled
