@@ -250,7 +250,7 @@ def test_tier_config_is_checked_at_load() -> None:
         TiersSpec(disk=DiskTierSpec(capacity_gb=1, device="floppy"))
     with pytest.raises(ValidationError, match="unknown eviction policy 'mru'"):
         CPUTierSpec(capacity_gb=1, policy="mru")
-    with pytest.raises(ValidationError, match="need scheduler.enable_prefix_caching"):
+    with pytest.raises(ValidationError, match=r"need scheduler\.enable_prefix_caching"):
         EngineGroupSpec.model_validate({"name": "g", "model": "m", "scheduler": {"enable_prefix_caching": False},
                                         "tiers": {"cpu": {"capacity_gb": 1}}})
     assert not TiersSpec().enabled
