@@ -147,6 +147,9 @@ class VirtualDriver:
     """
 
     def __init__(self, cfg: EngineConfig, cost: CostModel, *, fast_forward: bool = True) -> None:
+        if cfg.tiers.enabled:
+            raise ValueError(f"engine {cfg.name}: the virtual driver does not run KV tiers (their loads are "
+                             "asynchronous I/O on the event loop); run the engine's own loop, or drop 'tiers'")
         self.fast_forward = fast_forward
         self.stretches = 0
         """Decode stretches run at once (module docstring), for tests and profiles."""

@@ -195,3 +195,11 @@ async def test_hanging_tier_times_out_into_recompute() -> None:
     finally:
         await eng.stop()
     assert not eng.kv.req_blocks and eng.kv.pool.num_free == 64
+
+
+def test_virtual_driver_refuses_tiers() -> None:
+    from actors.engine.virtual import VirtualDriver
+
+    cfg = EngineConfig("v", "lesson", "colocated", 64, 16, SchedulerLimits(8, 8192, 100_000), tiers=CPU_1GB)
+    with pytest.raises(ValueError, match="does not run KV tiers"):
+        VirtualDriver(cfg, EmpiricalCostModel(LESSON, "colocated"))
