@@ -134,6 +134,8 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
                "checker": {k: v for k, v in report.to_json().items() if k != "violations"}
                | {"violations": report.to_json()["violations"][:50]},
                "dead_engines": sorted(control.dead), "replaced_engines": control.replaced,
+               "engine_step_lag_ms": {n: {k: v[k] for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms") if k in v}
+                                      for n, v in after.items()},
                "index_agreement": index, "index_converged": all(v["equal"] for v in index.values()),
                "kv_events_disturbed": control.kv_disturbed, "kv_migration": moves, "loadtest": result.summary,
                "folder": str(folder)}

@@ -37,6 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replace-after", type=float, default=10.0,
                    help="--soak: emulated seconds from a kill until a fresh engine joins")
     p.add_argument("--fault-seed", type=int, default=0, help="--soak: seed of the fault draws")
+    p.add_argument("--keep-alive", type=int, default=1,
+                   help="--soak: engines never down at once below this many (kills and notices count as down)")
     p.add_argument("--format", default="auto", choices=["auto", *format_names()], help="trace format")
     p.add_argument("--block-size", type=int, default=None, help="tokens per hash-id block (default: inferred)")
     p.add_argument("--duration", type=float, default=None, help="replay this many trace seconds")
@@ -121,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         spec = load_cluster(args.config)
         if args.soak:
             schedule = soak_schedule(SoakConfig(duration_s=args.duration, every_s=args.every, notice_s=args.notice,
-                                                replace_after_s=args.replace_after, seed=args.fault_seed),
+                                                replace_after_s=args.replace_after, seed=args.fault_seed,
+                                                keep_alive=args.keep_alive),
                                      [e.name for e in spec.engines()])
         else:
             schedule = load_schedule(args.schedule)
