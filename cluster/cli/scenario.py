@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     for sc in chosen:
         out.print(f"[bold]{sc.name}[/bold] ...")
         results.append(run_one(sc, ctx))
+        if args.out:  # after every scenario, so a long run that is cut short leaves what it finished
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "scenarios.json").write_text(json.dumps(summary(results), indent=1, default=str))
     doc = summary(results)
     t = Table(title="claims against the emulator")
     for col in ("scenario", "claim", "emulated", "verdict"):
@@ -65,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
     for c in doc["claims"]:
         t.add_row(c["scenario"], f"{c['text']} ({c['source']})", c["figure"], c["verdict"])
     out.print(t)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=str))
     if args.json:
         print_json(doc)
     return 0
