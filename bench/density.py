@@ -1,7 +1,8 @@
 """Emulation density: what idle emulated GPUs cost, how many tokens/s they stream in time, at what CPU cost.
 
 Layouts compared in the same run:
-- ``new``: the default: one actor per emulated node, its engines on one HTTP server by path, one timer per
+- ``new``: the default: one actor per emulated node (split while the host has more cores than actors: 2 here),
+  its engines on one HTTP server by path, one timer per
   process, the feed per actor and on change;
 - ``old``: one actor per GPU, a server per engine, the old feed (one WebSocket per engine, every engine's
   load every 50 ms), engines polling the loop before each deadline: ``gpus_per_actor 1, engine_server

@@ -294,7 +294,8 @@ class ClusterSpec(Frozen):
     time_scale: PositiveFloat = 1.0
     """Wall seconds per emulated second (0.2 runs five times faster than real time)."""
     gpus_per_actor: PositiveInt | None = None
-    """Emulated GPUs hosted by one Ray actor (process); None: one actor per emulated node (the default)."""
+    """Emulated GPUs hosted by one Ray actor (process); None (the default): one actor per emulated node, split
+    further while the host has more cores than actors (``cluster.launch.pack_engines``)."""
     engine_server: Literal["shared", "per_engine"] = "shared"
     """``shared``: one HTTP server per actor, engines addressed by path (``/e/<engine>``); ``per_engine``:
     a server and port per engine (the old layout, a benchmark baseline)."""

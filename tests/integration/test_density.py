@@ -32,7 +32,7 @@ def spec(layout: dict[str, Any]) -> ClusterSpec:
         "router": {"policy": "round_robin"}})
 
 
-LAYOUTS = {"8 processes": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1 process": {}}
+LAYOUTS = {"8 processes": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1 process": {"gpus_per_actor": 8}}
 
 
 def replay(tmp_path: Path, layout: dict[str, Any], kill: str | None = None) -> dict[str, Any]:
@@ -71,5 +71,5 @@ def test_ttft_and_tpot_do_not_change_with_density(ray_cluster: object, tmp_path:
 
 
 def test_one_engine_of_a_shared_process_dies_alone(ray_cluster: object, tmp_path: Path) -> None:
-    s = replay(tmp_path, {}, kill="e-3")
+    s = replay(tmp_path, {"gpus_per_actor": 8}, kill="e-3")
     assert s["processes"] == 1 and s["completed"] == 48 and s["failed"] == 0
