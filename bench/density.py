@@ -102,14 +102,14 @@ def idle_part(quick: bool) -> dict[str, Any]:
     return out
 
 
-SETTINGS: dict[str, float] = {"level_s": 10.0}
+SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "layouts": tuple(LAYOUTS)}
 """``level_s``: seconds of closed-loop load per capacity ladder level (``--level-s``)."""
 
 
 def capacity_part(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
-    for gpus in (4,) if quick else (4, 16, 64):
-        for label, layout in LAYOUTS.items():
+    for gpus in (4,) if quick else SETTINGS["gpus"]:
+        for label, layout in ((k, v) for k, v in LAYOUTS.items() if k in SETTINGS["layouts"]):
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
                 out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
                 continue
@@ -123,10 +123,10 @@ def capacity_part(quick: bool) -> dict[str, Any]:
             out[f"capacity_{gpus}gpu_{label}"] = cap
             print(f"capacity {gpus} GPUs, {label} layout: {cap['sustained_rate_tok_s']} tok/s at lag p99 <= "
                   f"{LAG_BOUND_MS} ms, {cap['cpu_us_per_token_at_sustained']} CPU us/token", flush=True)
-        old = out[f"capacity_{gpus}gpu_old"].get("sustained_rate_tok_s")
-        new = out[f"capacity_{gpus}gpu_new"]["sustained_rate_tok_s"]
-        out[f"capacity_{gpus}gpu_ratio_new_over_old"] = round(new / old, 4) if old else None
-    ratio = out["capacity_4gpu_ratio_new_over_old"]
+        old = out.get(f"capacity_{gpus}gpu_old", {}).get("sustained_rate_tok_s")
+        new = out.get(f"capacity_{gpus}gpu_new", {}).get("sustained_rate_tok_s")
+        out[f"capacity_{gpus}gpu_ratio_new_over_old"] = round(new / old, 4) if old and new is not None else None
+    ratio = out.get("capacity_4gpu_ratio_new_over_old")
     out["capacity_4gpu_goal_ratio"] = GOAL_CAPACITY_RATIO_4GPU
     out["capacity_4gpu_goal_met"] = ratio is not None and ratio >= GOAL_CAPACITY_RATIO_4GPU
     return out
@@ -239,8 +239,12 @@ def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
+    p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="capacity: layouts measured")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
+    SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
+    SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS)
     parts = [x for x in args.parts.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
     if unknown:
