@@ -108,7 +108,14 @@ SYSTEM_PRESETS: dict[str, str] = {
 }
 """aiconfigurator's system names -> hardware preset names (a preset missing from the catalog skips)."""
 
-MODEL_NAMES: dict[tuple[str, str], str] = {}
+MODEL_NAMES: dict[tuple[str, str], str] = {
+    # aiconfigurator's fp8 runs of the bf16 checkpoint also ran an fp8 KV cache: at 1024/8192 tokens and C 32
+    # the H100 TP2, H200 TP1 and B200 TP1 rows show no queueing (TTFT 289, 474, 161-243 ms), which a bf16
+    # cache (245k, 195k, 310k tokens for the 295k that C 32 x 9,216 needs) could not give, and at C 64
+    # (590k) H100 TP2 and H200 TP1 queue (TTFT 30.8 s, 5.3 s) where an fp8 cache (490k, 390k) overflows
+    # while B200 TP1 (620k) does not (382 ms). With the bf16 preset those rows preempted thousands of times.
+    ("meta-llama/Llama-3.1-70B", "fp8"): "llama-3.1-70b-fp8-kv8",
+}
 """(HF id, precision) -> model preset, where the derived name (``derived_model_name``) is wrong."""
 
 PRECISION_SUFFIX: dict[str, str] = {"": "", "bf16": "", "fp16": "", "fp8": "-fp8", "fp4": "-fp4",
@@ -181,7 +188,7 @@ def read_rows(path: Path, backend: str = "vllm") -> list[SiliconRow]:
 
 
 def derived_model_name(row: SiliconRow) -> str:
-    """``meta-llama/Llama-3.1-70B`` at fp8 -> ``llama-3.1-70b-fp8`` (``-instruct`` dropped)."""
+    """``Qwen/Qwen3-32B`` at fp8 -> ``qwen3-32b-fp8`` (``-instruct`` dropped), unless ``MODEL_NAMES`` says."""
     explicit = MODEL_NAMES.get((row.model_path, row.precision))
     if explicit is not None:
         return explicit

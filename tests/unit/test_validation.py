@@ -54,8 +54,8 @@ def test_rows_resolve_to_presets_or_are_skipped_with_a_reason(tmp_path: Path) ->
     assert [r.id for r in rows] == ["a", "b", "c", "d", "e", "f"]  # other backends are not read
     cases, skips = resolve(rows, default_catalog())
     assert [(c.row.id, c.model, c.hardware, c.tp, c.concurrency) for c in cases] == [
-        ("a", "llama-3.1-70b-fp8", "h200-141g-sxm", 2, 4),
-        ("b", "llama-3.1-70b-fp8", "h200-141g-sxm", 4, 2),
+        ("a", "llama-3.1-70b-fp8-kv8", "h200-141g-sxm", 2, 4),
+        ("b", "llama-3.1-70b-fp8-kv8", "h200-141g-sxm", 4, 2),
         ("c", "qwen3-32b", "h100-80g-sxm", 2, 2),
     ]
     reasons = {s.row.id: s.reason for s in skips}
@@ -93,6 +93,7 @@ def test_derived_model_names() -> None:
     assert derived_model_name(row("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8")) == "llama-3.1-8b-fp8"
     assert derived_model_name(row("Qwen/Qwen3-32B", "")) == "qwen3-32b"
     assert derived_model_name(row("meta-llama/Llama-3.1-70B", "fp4")) == "llama-3.1-70b-fp4"
+    assert derived_model_name(row("meta-llama/Llama-3.1-70B", "fp8")) == "llama-3.1-70b-fp8-kv8"  # fp8 KV too
 
 
 def test_a_bad_cell_is_named_by_line_and_column(tmp_path: Path) -> None:
