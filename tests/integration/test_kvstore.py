@@ -4,8 +4,10 @@ replica once the store is killed, and degrades to misses (recompute) once both a
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,22 @@ async def synced(tier: StoreTier, hashes: list[BlockHash], want: int) -> None:
     raise AssertionError(f"store view never reached {want} blocks: {[len(s.keys) for s in tier.stores]}")
 
 
+def kill(handle: Any) -> None:
+    """Kill a store actor and wait until its process is gone (Ray marks the actor dead before the process
+    ends, and a process still serving its socket would answer the next get)."""
+    import ray
+
+    pid = ray.get(handle.pid.remote(), timeout=30)
+    ray.kill(handle, no_restart=True)
+    for _ in range(400):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the store actor's process {pid} outlived ray.kill")
+
+
 async def test_store_actors_round_trip_fail_over_and_degrade(ray_cluster: object) -> None:
     import ray
 
@@ -58,9 +76,9 @@ async def test_store_actors_round_trip_fail_over_and_degrade(ray_cluster: object
         stats = ray.get([h.stats.remote() for h, _ in stores])
         assert stats[0]["blocks"] == 32 and stats[1]["blocks"] == 32 and stats[0]["replication_failures"] == 0
 
-        ray.kill(stores[0][0], no_restart=True)  # the store dies mid-run: the replica serves the same bytes
+        kill(stores[0][0])  # the store dies mid-run: the replica serves the same bytes
         assert await tier.get(hashes[:8]) == [p for _, p in blocks[:8]]
-        ray.kill(stores[1][0], no_restart=True)
+        kill(stores[1][0])
         with pytest.raises(TierError):
             await tier.get(hashes)
         await tier.sync()  # both out of the view: lookups say miss, the engine recomputes
@@ -111,7 +129,7 @@ def test_a_store_killed_mid_run_leaves_every_request_served(ray_cluster: object)
         time.sleep(0.3)
         stats = ray.get(h.kv_stores["local"][0].stats.remote())
         assert stats["blocks"] >= 64  # written through after prefill (puts may be dropped under a burst)
-        ray.kill(h.kv_stores["local"][0], no_restart=True)  # the store dies mid-run
+        kill(h.kv_stores["local"][0])  # the store dies mid-run
         second = asyncio.run(wave(8, 16))
         assert all(r == (200, 8) for r in first + second), first + second
         assert h.blocks_returned()
