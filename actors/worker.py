@@ -29,6 +29,17 @@ from transport import FaultPlan, Site, Topology, TransportOptions, make_transpor
 from transport.faulty import FaultyTransport
 
 
+def advertise_host(host: str) -> str | None:
+    """The address peers dial for servers bound to ``host``: this node's own when ``host`` is a wildcard."""
+    import ipaddress
+
+    if not ipaddress.ip_address(host).is_unspecified:
+        return None
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
 def restore_priority() -> None:
     """Undo the niceness Ray gives its workers (15 by default), where allowed.
 
@@ -113,8 +124,8 @@ class GpuWorker:
                 # switch faults on and cut peers at run time.
                 faults = FaultPlan.model_validate(self.spec.transport.faults or {})
                 transport = make_transport(self.spec.transport, site=Site(inst.node, inst.region), clock=self.clock,
-                                           topology=topology, options=TransportOptions(host=self.host),
-                                           faults=faults)
+                                           topology=topology, faults=faults, options=TransportOptions(
+                                               host=self.host, advertise_host=advertise_host(self.host)))
                 connector = KVConnector(engine, transport, self.spec.transport.kv_payload_scale,
                                         self.spec.disagg.transfer_timeout_ms, on_record=metrics.on_transfer)
                 meta["kv_address"] = address_to_json(await connector.start())

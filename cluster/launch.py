@@ -228,7 +228,7 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
     import ray
 
     from actors.worker import GpuWorker
-    from cluster.placement import ROUTER_SHARE, actor_resources, plan_placement, ray_nodes
+    from cluster.placement import ROUTER_SHARE, actor_resources, advertised, plan_placement, ray_nodes
     from cluster.router.actor import RouterActor
     from cluster.router.checks import check_router_spec
 
@@ -264,7 +264,8 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
         for i, part in enumerate(started):
             handle.refused.update({n: d["refused"] for n, d in part.items() if "refused" in d})
             part = {n: d for n, d in part.items() if "refused" not in d}
-            handle.engines.update({n: {**d, "host": node_host[d["node"]]} for n, d in part.items()})
+            handle.engines.update({n: advertised({**d, "host": node_host[d["node"]]}, placement.bind_for(
+                node_host[d["node"]]), placement.address_for(node_host[d["node"]])) for n, d in part.items()})
             handle.engine_actor.update(dict.fromkeys(part, i))
         handle.worker_pids = ray.get([w.pid.remote() for w in handle.workers], timeout=timeout_s)
         say("waiting for every engine to answer /health")
@@ -280,6 +281,8 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
             handle.routers[zone or "*"] = router_cls.options(**actor_resources(router_host, ROUTER_SHARE)).remote(
                 handle.engines, router_json, zone)
         urls = ray.get([a.start.remote() for a in handle.routers.values()], timeout=timeout_s)
+        urls = [advertised({"url": u}, placement.bind_for(router_host), placement.address_for(router_host))["url"]
+                for u in urls]
         handle.router_urls = dict(zip(handle.routers, urls, strict=True))
         for url in urls:
             _wait_router_ready(url, timeout_s)

@@ -11,13 +11,15 @@ missing host and every short one before anything starts; otherwise it returns ea
 which the launcher uses as that host's bind address when the cluster spans hosts. ``ray_nodes`` reads
 the rows from a connected Ray.
 
-Bind addresses (``bind_address``): ``placement.bind_host`` when it is an address; with ``auto``, 127.0.0.1
-on one host and the host's node address when the cluster spans hosts. Attached to a Ray cluster of several
+Bind addresses (``Placement.bind_for``): ``placement.bind_host`` when it is an address; with ``auto``, 127.0.0.1
+on one host and the host's node address when the cluster spans hosts. A wildcard bind (``0.0.0.0``) is
+advertised to peers as the node's address (``advertised``). Attached to a Ray cluster of several
 nodes with no hosts declared, placement would be luck: ``plan_placement`` refuses it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +64,10 @@ class Placement:
 
     def bind_for(self, host: str | None) -> str:
         return self.bind.get(HostName(host), self.default_bind) if host is not None else self.default_bind
+
+    def address_for(self, host: str | None) -> str:
+        """Where peers reach ``host``: its node's address (127.0.0.1 on one host)."""
+        return self.addresses.get(HostName(host), LOOPBACK) if host is not None else LOOPBACK
 
 
 def host_demand(spec: ClusterSpec) -> dict[HostName, float]:
@@ -118,6 +124,24 @@ def plan_placement(spec: ClusterSpec, nodes: Sequence[RayNode]) -> Placement:
     else:
         bind, default = dict.fromkeys(addresses, LOOPBACK), LOOPBACK
     return Placement(addresses, bind, default)
+
+
+def advertised(meta: Mapping[str, Any], bind: str, address: str) -> dict[str, Any]:
+    """An engine's URLs and KV address as other hosts reach it.
+
+    A server bound to a wildcard (``0.0.0.0``, ``::``) reports that wildcard in its URLs; peers must dial
+    the node's ``address`` instead. Other binds are returned unchanged.
+    """
+    out = dict(meta)
+    if not ipaddress.ip_address(bind).is_unspecified:
+        return out
+    for key in ("url", "feed_url"):
+        if isinstance(out.get(key), str):
+            out[key] = out[key].replace(f"//{bind}:", f"//{address}:", 1)
+    kv = out.get("kv_address")
+    if isinstance(kv, dict) and str(kv.get("location", "")).startswith(f"{bind}:"):
+        out["kv_address"] = {**kv, "location": address + kv["location"][len(bind):]}
+    return out
 
 
 def actor_resources(host: str | None, amount: float) -> dict[str, Any]:

@@ -412,6 +412,8 @@ class TransportOptions(Frozen):
 
     host: str = "127.0.0.1"
     """Interface servers bind; loopback unless told otherwise."""
+    advertise_host: str | None = None
+    """Address peers dial when ``host`` is a wildcard (0.0.0.0): the node's own; None: ``host`` itself."""
     port: int = Field(default=0, ge=0, le=65535)
     default_timeout_ms: PositiveFloat = 30_000.0
     """Deadline of a call that gives none, emulated ms from its start."""

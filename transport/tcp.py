@@ -205,7 +205,7 @@ class TcpTransport(FramedTransport):
 
         self._server = await loop.create_server(accept, self.options.host, self.options.port)
         host, port = self._server.sockets[0].getsockname()[:2]
-        self._address = Address("tcp", f"{host}:{port}", self.site)
+        self._address = Address("tcp", f"{self.options.advertise_host or host}:{port}", self.site)
         return self._address
 
     async def _open(self, address: Address, client: Client) -> FrameConnection:

@@ -60,6 +60,10 @@ def run_trial(args: argparse.Namespace) -> dict[str, Any]:
     if args.payload_scale is not None:
         spec = spec.model_copy(update={"transport": spec.transport.model_copy(
             update={"kv_payload_scale": args.payload_scale})})
+    if args.bind_host is not None:
+        spec = spec.model_copy(update={"placement": spec.placement.model_copy(update={"bind_host": args.bind_host})})
+    if args.backend is not None:
+        spec = spec.model_copy(update={"transport": spec.transport.model_copy(update={"backend": args.backend})})
     if args.transfer_timeout_ms is not None:
         spec = spec.model_copy(update={"disagg": spec.disagg.model_copy(
             update={"transfer_timeout_ms": args.transfer_timeout_ms})})
@@ -127,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help="Ray cluster to attach to (default: an embedded one)")
     p.add_argument("--one-host", action="store_true", help="drop the spec's placement (run it all on one host)")
     p.add_argument("--payload-scale", type=float, default=None, help="override transport.kv_payload_scale")
+    p.add_argument("--bind-host", default=None, help="override placement.bind_host (e.g. 0.0.0.0)")
+    p.add_argument("--backend", default=None, help="override transport.backend (tcp, ucx)")
     p.add_argument("--transfer-timeout-ms", type=float, default=None, help="override disagg.transfer_timeout_ms")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--rate", type=float, default=8.0)

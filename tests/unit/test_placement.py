@@ -11,6 +11,7 @@ from cluster.placement import (
     PlacementError,
     RayNode,
     actor_resources,
+    advertised,
     host_demand,
     host_resource,
     plan_placement,
@@ -110,3 +111,14 @@ def test_every_node_must_name_a_declared_host_in_its_region() -> None:
     base["nodes"][1]["region"] = "us-east-1"
     with pytest.raises(ValueError, match=r"nodes\[0\]\.region"):
         ClusterSpec.model_validate(base)
+
+
+def test_a_wildcard_bind_is_advertised_as_the_nodes_address() -> None:
+    meta = {"url": "http://0.0.0.0:4000/e/p", "feed_url": "http://0.0.0.0:4000",
+            "kv_address": {"backend": "tcp", "location": "0.0.0.0:5000", "node": "n", "region": "r"}}
+    out = advertised(meta, "0.0.0.0", "10.0.0.3")
+    assert out["url"] == "http://10.0.0.3:4000/e/p" and out["feed_url"] == "http://10.0.0.3:4000"
+    assert out["kv_address"]["location"] == "10.0.0.3:5000" and meta["url"] == "http://0.0.0.0:4000/e/p"
+    assert advertised(meta | {"url": "http://10.0.0.9:1/x"}, "10.0.0.9", "10.0.0.3")["url"] == "http://10.0.0.9:1/x"
+    p = plan_placement(three_host_spec(bind_host="0.0.0.0"), nodes(host1=8, host2=8, host3=8))
+    assert p.address_for("host3") == "10.0.0.4" and p.address_for(None) == "127.0.0.1"
