@@ -170,7 +170,7 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
     seconds = 15.0 if quick else 60.0
     out: dict[str, Any] = {"mooncake_seconds": seconds}
     for label, layout in LAYOUTS.items():
-        if quick and label == "old":
+        if (quick and label == "old") or label not in SETTINGS["layouts"]:
             continue
         out[f"mooncake_8gpu_{label}"] = mooncake(label, layout, seconds)
     return out
@@ -240,7 +240,7 @@ def main() -> None:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help="capacity: layouts measured")
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="capacity and mooncake: layouts measured")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
     SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
