@@ -125,11 +125,15 @@ def ucx_config() -> dict[str, str]:
 
 
 def host_identity() -> bytes:
-    """This host's identity: host name and boot id (two containers may share a host name)."""
+    """This host's identity: host name, boot id (two containers may share a host name) and network
+    namespace (the hosts harness's hosts share the first two; each must reach the others as remote)."""
     boot = b""
     with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id", "rb") as f:
         boot = f.read().strip()
-    return socket.gethostname().encode() + b"/" + boot
+    netns = b""
+    with contextlib.suppress(OSError):
+        netns = str(os.stat("/proc/self/ns/net").st_ino).encode()
+    return socket.gethostname().encode() + b"/" + boot + b"/" + netns
 
 
 def _tag(*parts: bytes) -> int:
@@ -602,7 +606,8 @@ class UcxTransport(FramedTransport):
         self._listener = w.lib.UCXListener.create(w.worker, self.options.port, self._on_conn_request,
                                                   deliver_endpoint=True)
         self._post_hello()
-        self._address = Address("ucx", f"{self.options.host}:{self._listener.port}", self.site,
+        self._address = Address("ucx", f"{self.options.advertise_host or self.options.host}:{self._listener.port}",
+                                self.site,
                                 extra=(("worker", w.address), ("host", self._host), ("uid", self._uid)))
         return self._address
 
