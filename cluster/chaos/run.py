@@ -3,7 +3,8 @@
 ``run_chaos`` starts the load test (``cluster.loadtest.session.run_loadtest``, with token recording on)
 and, once the replay has fixed its origin (emulated time 0), carries out the schedule's actions
 (``cluster.chaos.injectors.plan_actions``) at their emulated times on that same timeline, each Ray call
-off the event loop. Every action is logged with its planned and actual emulated time (``events.jsonl``).
+off the event loop. Every action is logged with its planned and actual emulated time and when it was done
+(``events.jsonl``).
 After the replay it waits (bounded) for the surviving engines to go idle and for every router's prefix index
 to equal the engines' caches (``index_agreement``, ``index_converged``), writes ``chaos_context.json``
 (what the history checker needs: ids sent, vocabulary, regions, loads after, dead engines), runs the
@@ -58,7 +59,8 @@ async def _play(actions: list[Action], control: RayClusterControl, origin: async
         entry["actual_s"] = round((time.monotonic() - t0) / time_scale, 4)
         try:
             dead = await asyncio.to_thread(a.do, control)
-            log.append({**entry, "outcome": "done", "killed": dead})
+            done_s = round((time.monotonic() - t0) / time_scale, 4)  # a replacement or restart takes a while
+            log.append({**entry, "outcome": "done", "done_s": done_s, "killed": dead})
         except Exception as e:  # a failed injection is data for the report, not the end of the run
             log.append({**entry, "outcome": "error", "error": f"{type(e).__name__}: {e}"})
 

@@ -1,0 +1,156 @@
+"""One test per remaining fault kind (replacement, partition, KV-event disturbance, router restart, transfer
+faults), each on a real cluster (Ray actors, router, HTTP, TCP transport) with the history checker run on
+the result.
+
+The colocated cases reuse ``test_faults``' 3-engine cluster and 40-request workload; the transport cases
+run a 1P1D cluster (prompts long enough to be disaggregated).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from cluster.chaos.checker import check_folder
+from cluster.chaos.run import EVENTS_FILE, run_chaos
+from cluster.chaos.schedule import parse_schedule
+from cluster.launch import launch
+from cluster.loadtest import ClientConfig, LoadTestConfig, ReplayConfig, read_trace, run_sync
+from config import ClusterSpec
+from tests.chaos.test_faults import SPEC, WORKLOAD
+
+PD_SPEC: dict[str, Any] = {
+    "name": "chaos-pd",
+    "time_scale": 1.0,
+    "nodes": [{"name": "np", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1, "nic": "lesson-rdma",
+               "engines": [{"name": "p", "role": "prefill", "model": "llama-3.1-8b"}]},
+              {"name": "nd", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1, "nic": "lesson-rdma",
+               "engines": [{"name": "d", "role": "decode", "model": "llama-3.1-8b"}]}],
+    "transport": {"backend": "tcp", "kv_payload_scale": 1 / 256},
+    "disagg": {"hand_off": "push", "transfer_timeout_ms": 300},
+    "router": {"policy": "least_loaded"},
+}
+
+PD_WORKLOAD = """format: synthetic
+num_requests: 30
+rate: 6
+block_size: 16
+input_len: {kind: uniform, mean: 1500, spread: 400}
+output_len: {kind: uniform, mean: 60, spread: 20}
+seed: 5
+"""
+
+
+def chaos(tmp_path: Path, events: list[dict[str, Any]], spec: dict[str, Any] = SPEC,
+          workload: str = WORKLOAD) -> tuple[dict[str, Any], Path, list[dict[str, Any]]]:
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(workload)
+    trace = read_trace(wl, "synthetic")
+    folder = tmp_path / "run"
+    config = LoadTestConfig(name="chaos", replay=ReplayConfig(), client=ClientConfig(request_timeout_s=60.0),
+                            progress=False, plots=False)
+    handle = launch(ClusterSpec.model_validate(spec))
+    try:
+        summary = run_sync(run_chaos(handle, parse_schedule({"name": "t", "events": events}), trace, config,
+                                     folder, window_s=1.0, settle_s=10.0))
+        summary["router_metrics"] = urllib.request.urlopen(handle.router_url + "/metrics", timeout=10).read().decode()
+    finally:
+        handle.shutdown()
+    records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    return summary, folder, records
+
+
+def assert_clean(summary: dict[str, Any], folder: Path, n: int = 40) -> list[dict[str, Any]]:
+    """The checker passes over every request and every action ran on time; the event log."""
+    report = check_folder(folder)
+    assert report.ok, report.violations
+    assert report.skipped == []
+    assert report.requests == n and report.tokens_checked > n * 10
+    assert summary["checker"]["ok"] is True
+    log = [json.loads(line) for line in (folder / EVENTS_FILE).read_text().splitlines()]
+    assert log and all(e["outcome"] == "done" for e in log), log
+    return log
+
+
+def metric(text: str, name: str) -> float:
+    """A counter summed over its labels (not its ``_created`` timestamps)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + "{", name + " ")))
+
+
+def test_kill_engine_with_replacement(ray_cluster: object, tmp_path: Path) -> None:
+    summary, folder, records = chaos(tmp_path, [{"kind": "kill_engine", "at_s": 1.0, "engine": "e-1",
+                                                 "replace_after_s": 0.5}])
+    log = assert_clean(summary, folder)
+    assert summary["loadtest"]["failed"] == 0
+    assert summary["dead_engines"] == [] and summary["replaced_engines"] == ["e-1"]
+    joined_ms = 1000 * max(e["actual_s"] for e in log) + 500
+    late = [r for r in records if r["sent_ms"] > joined_ms]
+    assert late and any(r["worker"] == "e-1" and r["status"] == "ok" for r in late)  # the fresh engine serves
+    assert summary["index_converged"] is True
+
+
+def test_spot_preempt_with_replacement(ray_cluster: object, tmp_path: Path) -> None:
+    summary, folder, records = chaos(tmp_path, [{"kind": "spot_preempt", "at_s": 0.5, "engine": "f",
+                                                 "notice_s": 1.0, "replace_after_s": 0.5}])
+    log = assert_clean(summary, folder)
+    assert summary["loadtest"]["failed"] == 0
+    assert summary["dead_engines"] == [] and summary["replaced_engines"] == ["f"]
+    joined_ms = 1000 * log[-1]["actual_s"] + 500
+    assert any(r["worker"] == "f" and r["status"] == "ok" for r in records if r["sent_ms"] > joined_ms)
+
+
+def test_partition_router_from_an_engine(ray_cluster: object, tmp_path: Path) -> None:
+    # Streams cut by the partition count as failures of f: a short breaker cooldown lets it back soon after.
+    spec = {**SPEC, "router": {**SPEC["router"], "breaker_cooldown_s": 0.5}}
+    summary, folder, records = chaos(tmp_path, [{"kind": "partition", "at_s": 1.0, "engines": ["f"],
+                                                 "duration_s": 1.5}], spec)
+    cut, heal = assert_clean(summary, folder)
+    assert summary["loadtest"]["failed"] == 0  # streams cut by the partition continued elsewhere
+    during = [r for r in records if cut["actual_s"] * 1000 + 100 < r["sent_ms"] < heal["actual_s"] * 1000]
+    assert during and all(r["worker"] != "f" for r in during)  # routed around
+    assert any(r["worker"] == "f" for r in records if r["sent_ms"] > heal["actual_s"] * 1000 + 500)  # recovered
+    assert summary["index_converged"] is True
+
+
+def test_kv_event_loss_duplication_and_reordering_converge(ray_cluster: object, tmp_path: Path) -> None:
+    summary, folder, _ = chaos(tmp_path, [{"kind": "kv_events", "at_s": 0.2, "loss": 0.3, "duplicate": 0.2,
+                                           "reorder": 0.3, "duration_s": 2.0, "seed": 7}])
+    assert_clean(summary, folder)
+    counts = summary["kv_events_disturbed"]
+    assert sum(c["lost"] for c in counts.values()) > 0
+    assert sum(c["duplicated"] for c in counts.values()) > 0
+    assert sum(c["reordered"] for c in counts.values()) > 0
+    # after healing, every router's index equals each engine's cache, block for block
+    assert summary["index_converged"] is True
+    assert all(a["engine_blocks"] > 0 and a["missing"] == 0 and a["extra"] == 0
+               for a in summary["index_agreement"].values())
+
+
+def test_router_restart(ray_cluster: object, tmp_path: Path) -> None:
+    summary, folder, records = chaos(tmp_path, [{"kind": "router_restart", "at_s": 1.5, "down_s": 0.3}])
+    (restart,) = assert_clean(summary, folder)  # one terminal state each, no token lost or repeated
+    assert summary["loadtest"]["failed"] >= 1  # streams open through the old router broke
+    back_ms = 1000 * restart["done_s"] + 200  # the action ends once the new router sees every engine
+    late = [r for r in records if r["sent_ms"] > back_ms]
+    assert late and all(r["status"] == "ok" for r in late)  # the new router serves on the same URL
+    assert summary["index_converged"] is True  # rebuilt from the engines' snapshots
+
+
+def test_partition_between_prefill_and_decode(ray_cluster: object, tmp_path: Path) -> None:
+    summary, folder, _ = chaos(tmp_path, [{"kind": "partition", "at_s": 1.0, "engines": ["p", "d"],
+                                           "between": "engines", "duration_s": 2.0}], PD_SPEC, PD_WORKLOAD)
+    assert_clean(summary, folder, n=30)
+    assert summary["loadtest"]["failed"] == 0  # a failed hand-off falls back to prefill on decode
+    assert metric(summary["router_metrics"], "kvmesh_router_kv_fallbacks_total") >= 1
+
+
+def test_transfer_faults(ray_cluster: object, tmp_path: Path) -> None:
+    plan = {"seed": 2, "rates": {"drop": 0.3, "corrupt": 0.3, "reset": 0.2}}
+    summary, folder, _ = chaos(tmp_path, [{"kind": "transfer_faults", "at_s": 0.5, "duration_s": 2.5,
+                                           "plan": plan}], PD_SPEC, PD_WORKLOAD)
+    assert_clean(summary, folder, n=30)
+    assert summary["loadtest"]["failed"] == 0
+    assert metric(summary["router_metrics"], "kvmesh_router_kv_fallbacks_total") >= 1
