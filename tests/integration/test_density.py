@@ -32,7 +32,8 @@ def spec(layout: dict[str, Any]) -> ClusterSpec:
         "router": {"policy": "round_robin"}})
 
 
-LAYOUTS = {"8 processes": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1 process": {"gpus_per_actor": 8}}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "8 processes": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1 process": {"gpus_per_actor": 8}}
 
 
 def replay(tmp_path: Path, layout: dict[str, Any], kill: str | None = None) -> dict[str, Any]:

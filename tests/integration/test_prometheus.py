@@ -81,8 +81,9 @@ def test_prometheus_scrapes_router_and_engines(cluster: ClusterHandle) -> None:
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [
                 {"job_name": "router", "static_configs": [{"targets": [hostport(cluster.router_url)]}]},
-                {"job_name": "engines", "static_configs": [{"targets": [hostport(u) for u in
-                                                                        cluster.engine_urls.values()]}]}]}))
+                # engines of one process share its server, each under its own path (/e/<engine>/metrics)
+                *({"job_name": f"engine-{name}", "metrics_path": urllib.parse.urlparse(u).path + "/metrics",
+                   "static_configs": [{"targets": [hostport(u)]}]} for name, u in cluster.engine_urls.items())]}))
         proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
                                  f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
