@@ -18,16 +18,15 @@ token. A request the engine refuses (longer than its context) is recorded as ref
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import random
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from actors.engine.engine import Engine, EngineError
 from actors.engine.factory import build_engine
 from actors.feed import encode_events
+from actors.jump_clock import JumpClock
 from actors.kvstore.client import StoreTier
 from actors.kvstore.engine_side import attach_store
 from actors.kvstore.server import StoreServer
@@ -41,69 +40,6 @@ from config import default_catalog
 from config.cluster import ClusterSpec, RouterSpec
 from transport import Site
 from transport.inproc import InprocHub, InprocTransport
-
-T = TypeVar("T")
-SETTLE_TURNS = 30
-"""Event-loop turns given to ready work before time jumps (enough for a put or a load's real I/O)."""
-
-
-class JumpClock:
-    """Emulated time that moves only when every task waits on it, to the earliest deadline (see above).
-
-    Offers what engines, tiers and the transport ask of a clock; ``to_wall_s`` maps emulated deadlines an
-    hour into wall time, so the transport's wall-clock timeouts never fire on virtual time.
-    """
-
-    time_scale = 1.0
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self._timers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-        self.jumps = 0
-
-    def now_ms(self) -> float:
-        return self.t
-
-    def to_wall_s(self, emulated_ms: float) -> float:
-        return emulated_ms / 1000.0 + 3600.0
-
-    def to_emulated_ms(self, wall_seconds: float) -> float:
-        return wall_seconds * 1000.0
-
-    async def sleep_until(self, deadline_ms: float) -> float:
-        if deadline_ms <= self.t:
-            await asyncio.sleep(0)
-            return 0.0
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._timers, (deadline_ms, next(self._seq), fut))
-        await fut
-        return 0.0
-
-    async def sleep_for(self, duration_ms: float) -> float:
-        return await self.sleep_until(self.t + duration_ms)
-
-    async def run(self, coro: Coroutine[Any, Any, T], *, limit_ms: float = float("inf")) -> T:
-        """Run ``coro`` to completion, jumping time forward whenever nothing else can run; past ``limit_ms``
-        of emulated time it is cancelled and ``TimeoutError`` raised (a run that can never finish)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        while True:
-            for _ in range(SETTLE_TURNS):
-                await asyncio.sleep(0)
-            if task.done():
-                return task.result()
-            while self._timers and self._timers[0][2].done():
-                heapq.heappop(self._timers)
-            if not self._timers:
-                await asyncio.sleep(0.001)  # real I/O still running (a thread, a socket): let it finish
-                continue
-            if self._timers[0][0] > limit_ms:
-                task.cancel()
-                raise TimeoutError(f"virtual run still going at its limit of {limit_ms:.0f} emulated ms")
-            t, _, fut = heapq.heappop(self._timers)
-            self.t = max(self.t, t)
-            self.jumps += 1
-            fut.set_result(None)
 
 
 @dataclass

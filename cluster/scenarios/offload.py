@@ -35,12 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from actors.jump_clock import JumpClock
 from cluster.loadtest.formats import ReadOptions, read_trace
 from cluster.loadtest.spec import RequestSpec
 from cluster.loadtest.synthesis import PromptSynthesizer, Vocabulary
 from cluster.loadtest.synthetic import LengthDist, SessionSpec, SyntheticSpec, generate
 from cluster.scenarios import Claim, Finding, Scenario, ScenarioContext, ScenarioResult, Verdict, register_scenario
-from cluster.virtual_cluster import JumpClock, SimRecord, VirtualCluster
+from cluster.virtual_cluster import SimRecord, VirtualCluster
 from config.cluster import ClusterSpec
 
 CONFIGS = ("NATIVE_ONLY", "CPU_OFFLOAD", "LMCACHE")
