@@ -14,7 +14,8 @@ Kinds and what they mean (the injectors in ``cluster.chaos.injectors`` carry the
   finish or move away, and at ``at_s + notice_s`` it is killed; ``replace_after_s`` (after the kill)
   brings a fresh engine back.
 - ``slow_gpu``: the engine's cost-model step time multiplied by ``factor`` for ``duration_s``.
-- ``partition``: the router cut from ``engines`` (or those engines from each other) for ``duration_s``.
+- ``partition``: the router cut from ``engines`` (or those engines from each other) for ``duration_s``;
+  or, with ``host``, that host's network link down for ``duration_s`` (a host-level fault).
 - ``kv_events``: the router's KV-event feed from ``engines`` loses, duplicates or reorders events
   for ``duration_s``.
 - ``router_restart``: the router actor killed and started again.
@@ -102,11 +103,21 @@ class SlowGpu(_Event):
 
 class Partition(_Event):
     kind: Literal["partition"] = "partition"
-    engines: Annotated[tuple[Name, ...], Field(min_length=1)]
+    engines: tuple[Name, ...] = ()
     between: Literal["router", "engines"] = "router"
     """``router``: the router cannot reach these engines (requests and feeds); ``engines``: these engines
     cannot reach each other over the transport."""
+    host: Name | None = None
+    """Instead of ``engines``: a host of ``placement.hosts`` whose network link goes down (its Ray node,
+    engines, router, feeds and KV all cut off every other host) and comes back up after ``duration_s``.
+    Needs a cluster whose hosts the driver controls (the hosts harness, ``cluster.hosts.faults``)."""
     duration_s: PositiveFloat
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Partition:
+        if (self.host is None) == (not self.engines):
+            raise ValueError("give either engines (cut at the application) or host (its link down), not both")
+        return self
 
     def targets(self) -> tuple[str, ...]:
         return self.engines
@@ -187,9 +198,10 @@ class FaultSchedule(Frozen):
     def end_s(self) -> float:
         return max((e.end_s() for e in self.events), default=0.0)
 
-    def check_against(self, engines: Iterable[str], nodes: Iterable[str], source: str | None = None) -> None:
-        """Raise ConfigError when an event names an engine or a node the cluster lacks."""
-        known, known_nodes = set(engines), set(nodes)
+    def check_against(self, engines: Iterable[str], nodes: Iterable[str], source: str | None = None,
+                      hosts: Iterable[str] = ()) -> None:
+        """Raise ConfigError when an event names an engine, a node or a host the cluster lacks."""
+        known, known_nodes, known_hosts = set(engines), set(nodes), set(hosts)
         problems: list[tuple[str, str]] = []
         for i, e in enumerate(self.events):
             for t in e.targets():
@@ -199,6 +211,9 @@ class FaultSchedule(Frozen):
             if isinstance(e, KillNode) and e.node not in known_nodes:
                 problems.append((f"events[{i}].kill_node.node", f"no node {e.node!r} in the cluster "
                                                                 f"(nodes: {', '.join(sorted(known_nodes))})"))
+            if isinstance(e, Partition) and e.host is not None and e.host not in known_hosts:
+                problems.append((f"events[{i}].partition.host", f"no host {e.host!r} in the spec's placement.hosts "
+                                                                f"(hosts: {', '.join(sorted(known_hosts)) or 'none'})"))
         if problems:
             raise ConfigError(source, problems)
 
