@@ -22,6 +22,8 @@ What each kind does:
   ``at_s + notice_s`` the actor is killed and the router continues every stream still running there on
   another engine (``cluster.router.relay.continue_on``); ``replace_after_s`` as for ``kill_engine``.
 - ``slow_gpu``: the engine's step times multiplied by ``factor`` for ``duration_s``, then restored.
+- ``partition`` with ``host``: that host's link down for ``duration_s``, then up (``HostControl``; on a
+  cluster without one the action fails with ``UnsupportedEvent``, and ``run_chaos`` refuses it before the run).
 - ``partition`` (``between: router``): the engines' HTTP servers drop every connection, open or new, and
   their feeds tell the routers they are gone, for ``duration_s``; then a fresh snapshot reconnects them.
   (``between: engines``): their KV transports refuse each other (``PeerGone``) for ``duration_s``.
@@ -65,6 +67,10 @@ class HostControl(Protocol):
 
     def kill_host_of(self, node: str) -> list[str]:
         """Kill the host ``node`` runs on (its raylet and every actor on it); the engines that died."""
+        ...
+
+    def partition_host(self, host: str, on: bool) -> None:
+        """Bring ``host``'s network link down (``on``) or up again."""
         ...
 
 
@@ -164,8 +170,23 @@ def _slow_gpu(e: Event, i: int) -> list[Action]:
             Action(e.end_s(), i, e.kind, f"{e.engine} steps back to x1", slow(1.0))]
 
 
+def _host_control(c: ClusterControl, what: str) -> HostControl:
+    if not isinstance(c, HostControl):
+        raise UnsupportedEvent(f"{what} needs a cluster whose hosts the driver controls (the hosts harness: "
+                               f"run_cluster.py chaos --hosts-run-dir DIR)")
+    return c
+
+
 def _partition(e: Event, i: int) -> list[Action]:
     assert isinstance(e, Partition)
+    if e.host is not None:
+        host = e.host
+
+        def link(on: bool) -> Callable[[ClusterControl], list[str]]:
+            return _none(lambda c: _host_control(c, f"partition of host {host}").partition_host(host, on))
+
+        return [Action(e.at_s, i, e.kind, f"host {host}: link down", link(True)),
+                Action(e.end_s(), i, e.kind, f"host {host}: link up", link(False))]
     names = ", ".join(e.engines)
     side = "the router" if e.between == "router" else "each other"
     return [Action(e.at_s, i, e.kind, f"cut {names} from {side}",
