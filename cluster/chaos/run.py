@@ -32,8 +32,8 @@ from cluster.chaos import kv_moves
 from cluster.chaos.checker import CONTEXT_FILE, check_folder
 from cluster.chaos.control import RayClusterControl
 from cluster.chaos.impact import event_impact
-from cluster.chaos.injectors import Action, plan_actions
-from cluster.chaos.schedule import FaultSchedule
+from cluster.chaos.injectors import Action, HostControl, UnsupportedEvent, plan_actions
+from cluster.chaos.schedule import FaultSchedule, Partition
 from cluster.loadtest.report import write_json
 from cluster.loadtest.session import LoadTestConfig, run_loadtest
 from cluster.loadtest.spec import TraceData
@@ -89,11 +89,21 @@ def _settle(control: RayClusterControl, timeout_s: float) -> dict[str, dict[str,
 
 
 async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, config: LoadTestConfig,
-                    folder: Path, *, window_s: float = 10.0, settle_s: float = 10.0) -> dict[str, Any]:
-    """Run the load test with the schedule playing against ``handle``'s cluster; return ``chaos.json``."""
+                    folder: Path, *, window_s: float = 10.0, settle_s: float = 10.0,
+                    control: RayClusterControl | None = None) -> dict[str, Any]:
+    """Run the load test with the schedule playing against ``handle``'s cluster; return ``chaos.json``.
+
+    ``control``: how actions reach the cluster (default ``RayClusterControl(handle)``); a host-level one
+    (``cluster.hosts.faults.HostFaultControl``) makes ``kill_node`` lose whole hosts and allows ``partition``
+    of a host, which is refused before the run without one."""
     actions = plan_actions(schedule)
     nodes = {str(d.get("node")) for d in handle.engines.values()}
-    schedule.check_against(handle.engines, nodes)
+    schedule.check_against(handle.engines, nodes, hosts=[h.name for h in handle.spec.placement.hosts])
+    control = control or RayClusterControl(handle)
+    host_events = [f"events[{i}]" for i, e in enumerate(schedule.events) if isinstance(e, Partition) and e.host]
+    if host_events and not isinstance(control, HostControl):
+        raise UnsupportedEvent(f"{', '.join(host_events)}: a host partition needs a cluster whose hosts the driver "
+                               f"controls (the hosts harness: run_cluster.py chaos --hosts-run-dir DIR)")
     folder.mkdir(parents=True, exist_ok=True)
     origin: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
@@ -104,7 +114,6 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
     config = dataclasses.replace(
         config, replay=dataclasses.replace(config.replay, on_origin=on_origin),
         client=dataclasses.replace(config.client, record_tokens=True), rates=())
-    control = RayClusterControl(handle)
     log: list[dict[str, Any]] = []
     done = asyncio.Event()
     player = asyncio.create_task(_play(actions, control, origin, config.client.time_scale, log, done))

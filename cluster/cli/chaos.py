@@ -6,6 +6,10 @@ before/during/after, time until throughput is back to 90%); prints a table per e
 verdict, and with ``--json`` the ``chaos.json`` object as the last line. Exit status 1 when the checker
 found a violation.
 
+``--hosts-run-dir DIR`` (a cluster on the hosts harness, ``run_cluster.py hosts``): host-level faults, so
+``kill_node`` loses the node's whole host (its raylet and every actor on it) and ``partition`` may name a
+``host`` (its link down for ``duration_s``). Run the driver on a host the schedule does not fault.
+
 ``--soak``: instead of a schedule file, seeded random kills and spot preemptions (``--every`` emulated
 seconds apart on average, each engine replaced ``--replace-after`` s after its kill) over ``--duration``
 seconds of the trace (default: the Mooncake conversation trace in ``../shared/traces/``); ``chaos.json``
@@ -16,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.cli import Command, register
 from cluster.cli.output import console, print_json
+
+if TYPE_CHECKING:
+    from cluster.hosts.harness import Harness
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -28,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="cluster spec to launch")
     p.add_argument("--address", help="attach to this Ray cluster (HOST:PORT) instead of starting an embedded one")
     p.add_argument("--schedule", type=Path, default=None, metavar="FILE", help="fault schedule (YAML)")
+    p.add_argument("--hosts-run-dir", type=Path, default=None, metavar="DIR",
+                   help="the hosts harness's run dir (run_cluster.py hosts up --run-dir): kill_node then loses the "
+                        "node's whole host (raylet and every actor) and partition may name a host (its link down)")
     p.add_argument("--trace", type=Path, default=None,
                    help="trace file (Mooncake JSONL, Azure CSV, synthetic YAML); --soak: Mooncake's by default")
     p.add_argument("--soak", action="store_true",
@@ -56,6 +66,20 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print chaos.json as one JSON object on the last line")
+
+
+def _harness(run_dir: Path | None) -> Harness | None:
+    """The hosts harness up in ``run_dir`` (ValueError when none is), or None without ``--hosts-run-dir``."""
+    if run_dir is None:
+        return None
+    from cluster.hosts.harness import Harness, HarnessError
+
+    h = Harness(run_dir)
+    try:
+        h.state()
+    except HarnessError as e:
+        raise ValueError(f"--hosts-run-dir: {e}") from None
+    return h
 
 
 def _fmt(x: Any) -> str:
@@ -138,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"time_scale": args.time_scale})
     try:
         schedule.check_against([e.name for e in spec.engines()], {e.node for e in spec.engines()},
-                               str(args.schedule or "--soak"))
+                               str(args.schedule or "--soak"), hosts=[h.name for h in spec.placement.hosts])
+        harness = _harness(args.hosts_run_dir)
         config = LoadTestConfig(
             name=args.name or schedule.name,
             slice=WorkloadSlice(duration_s=args.duration, max_requests=args.max_requests),
@@ -157,7 +182,12 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # Ray and start-up errors come in many types; all mean the same here
         raise SystemExit(f"error: cluster {spec.name} did not start: {type(e).__name__}: {e}") from None
     try:
-        summary = run_sync(run_chaos(handle, schedule, trace, config, folder, window_s=args.window))
+        control = None
+        if harness is not None:
+            from cluster.hosts.faults import HostFaultControl
+
+            control = HostFaultControl(handle, harness)
+        summary = run_sync(run_chaos(handle, schedule, trace, config, folder, window_s=args.window, control=control))
     except (TargetError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     finally:
