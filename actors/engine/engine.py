@@ -450,10 +450,13 @@ class Engine:
         step = sched.schedule(start, admit_by)
         if step.empty and admit_by is not None:
             step = sched.schedule(start)
-        if step.empty:
-            early = sched.earliest_waiting_arrival()
-            if early is not None and start < early <= now:
-                step = sched.schedule(early)
+        if step.empty and sched.waiting:
+            # The queue's head may have arrived after ``start`` even when another waiting request arrived
+            # before it (arrival is stamped before the body is read, so a big body is queued late): start
+            # when the head arrived, else an idle engine would wait on a head it never admits.
+            head = sched.waiting[0].arrival_ms
+            if start < head <= now:
+                step = sched.schedule(head)
         if step.empty and not sched.running and self._drop_unrunnable(step.start_ms):
             return None
         return step
