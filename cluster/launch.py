@@ -244,6 +244,9 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
     try:
         # Hosts checked against the Ray cluster before any actor starts; bind addresses follow the hosts.
         placement = plan_placement(spec, ray_nodes())
+        if placement.unchecked_regions:
+            say(f"region not checked for host(s) {', '.join(placement.unchecked_regions)}: their Ray nodes carry no "
+                f"region label (ray.io/availability-region or region)")
         node_host = {n.name: n.host for n in spec.nodes}
         groups = pack_engines(spec.engines(), spec.gpus_per_actor)
         say(f"placing {sum(len(g) for g in groups)} engines on {len(groups)} worker actors")

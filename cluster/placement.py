@@ -11,6 +11,14 @@ missing host and every short one before anything starts; otherwise it returns ea
 which the launcher uses as that host's bind address when the cluster spans hosts. ``ray_nodes`` reads
 the rows from a connected Ray.
 
+Regions: a host that declares its region (``HostSpec.region``: where that machine really is; nodes' own
+regions alone only shape emulated links) is checked against its Ray node's region label,
+``ray.io/availability-region`` (Ray sets it from the cloud or from ``RAY_NODE_REGION`` at ``ray start``) or
+else a custom ``region`` label (``ray start --labels region=...``); a host placed on a node labelled with
+another region is a ``PlacementError`` naming both, before anything starts. A node with no region label is not
+checked (a one-machine harness has no geography), and ``Placement.unchecked_regions`` lists those hosts so the
+launcher can say so.
+
 Bind addresses (``Placement.bind_for``): ``placement.bind_host`` when it is an address; with ``auto``, 127.0.0.1
 on one host and the host's node address when the cluster spans hosts. A wildcard bind (``0.0.0.0``) is
 advertised to peers as the node's address (``advertised``). Attached to a Ray cluster of several
@@ -22,7 +30,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from config.cluster import ClusterSpec
@@ -30,6 +38,8 @@ from config.cluster import ClusterSpec
 HostName = NewType("HostName", str)
 
 HOST_RESOURCE_PREFIX = "kvmesh_host:"
+REGION_LABELS = ("ray.io/availability-region", "region")
+"""Ray node labels that say a node's region, in order of precedence."""
 ROUTER_SHARE = 0.01
 """Amount of its host's resource a router actor takes (it runs no emulated GPU)."""
 LOOPBACK = "127.0.0.1"
@@ -52,6 +62,14 @@ class RayNode:
     address: str
     alive: bool
     resources: Mapping[str, float]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def region(self) -> tuple[str, str] | None:
+        """(label, region) from the first of ``REGION_LABELS`` the node carries; None without one."""
+        for key in REGION_LABELS:
+            if self.labels.get(key):
+                return key, self.labels[key]
+        return None
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,8 @@ class Placement:
     addresses: Mapping[HostName, str]
     bind: Mapping[HostName, str]
     default_bind: str
+    unchecked_regions: tuple[HostName, ...] = ()
+    """Hosts with a region in the spec whose Ray node carries no region label (not checked)."""
 
     def bind_for(self, host: str | None) -> str:
         return self.bind.get(HostName(host), self.default_bind) if host is not None else self.default_bind
@@ -82,6 +102,11 @@ def host_demand(spec: ClusterSpec) -> dict[HostName, float]:
     return dict(demand)
 
 
+def host_regions(spec: ClusterSpec) -> dict[HostName, str]:
+    """The region each host declares (``HostSpec.region``); hosts without one are absent."""
+    return {HostName(h.name): h.region for h in spec.placement.hosts if h.region is not None}
+
+
 def plan_placement(spec: ClusterSpec, nodes: Sequence[RayNode]) -> Placement:
     """Where each host is, or ``PlacementError`` naming everything missing (see the module docstring)."""
     alive = [n for n in nodes if n.alive]
@@ -95,6 +120,7 @@ def plan_placement(spec: ClusterSpec, nodes: Sequence[RayNode]) -> Placement:
         return Placement({}, {}, LOOPBACK if bind_host == "auto" else bind_host)
     problems: list[str] = []
     addresses: dict[HostName, str] = {}
+    found: dict[HostName, RayNode] = {}
     for host, need in sorted(host_demand(spec).items()):
         res = host_resource(host)
         offering = [n for n in alive if n.resources.get(res, 0.0) > 0]
@@ -111,6 +137,18 @@ def plan_placement(spec: ClusterSpec, nodes: Sequence[RayNode]) -> Placement:
                             f"{offering[0].address} offers {have:g}")
             continue
         addresses[host] = offering[0].address
+        found[host] = offering[0]
+    regions = host_regions(spec)
+    unchecked: list[HostName] = []
+    for host, node in sorted(found.items()):
+        want, label = regions.get(host), node.region()
+        if want is None:
+            continue
+        if label is None:
+            unchecked.append(host)
+        elif label[1] != want:
+            problems.append(f"host {host!r}: the spec puts it in region {want!r} but its Ray "
+                            f"node {node.address} is labelled {label[0]}={label[1]}")
     if problems:
         known = sorted({k[len(HOST_RESOURCE_PREFIX):] for n in alive for k in n.resources
                         if k.startswith(HOST_RESOURCE_PREFIX)})
@@ -123,7 +161,7 @@ def plan_placement(spec: ClusterSpec, nodes: Sequence[RayNode]) -> Placement:
         bind, default = dict(addresses), LOOPBACK
     else:
         bind, default = dict.fromkeys(addresses, LOOPBACK), LOOPBACK
-    return Placement(addresses, bind, default)
+    return Placement(addresses, bind, default, tuple(unchecked))
 
 
 def advertised(meta: Mapping[str, Any], bind: str, address: str) -> dict[str, Any]:
@@ -154,4 +192,5 @@ def ray_nodes() -> list[RayNode]:
     import ray
 
     return [RayNode(str(n["NodeID"]), str(n["NodeManagerAddress"]), bool(n["Alive"]),
-                    {str(k): float(v) for k, v in n.get("Resources", {}).items()}) for n in ray.nodes()]
+                    {str(k): float(v) for k, v in n.get("Resources", {}).items()},
+                    {str(k): str(v) for k, v in (n.get("Labels") or {}).items()}) for n in ray.nodes()]

@@ -122,3 +122,39 @@ def test_a_wildcard_bind_is_advertised_as_the_nodes_address() -> None:
     assert advertised(meta | {"url": "http://10.0.0.9:1/x"}, "10.0.0.9", "10.0.0.3")["url"] == "http://10.0.0.9:1/x"
     p = plan_placement(three_host_spec(bind_host="0.0.0.0"), nodes(host1=8, host2=8, host3=8))
     assert p.address_for("host3") == "10.0.0.4" and p.address_for(None) == "127.0.0.1"
+
+
+def labelled(**regions: str | None) -> list[RayNode]:
+    """One node per host offering 8 GPUs, labelled with its region (no label for None)."""
+    return [RayNode(f"id{i}", f"10.0.0.{i + 2}", True, {host_resource(h): 8.0},
+                    {} if r is None else {"ray.io/availability-region": r})
+            for i, (h, r) in enumerate(regions.items())]
+
+
+def regional_spec() -> ClusterSpec:
+    spec = three_host_spec()
+    hosts = [{"name": "host1", "region": "local"}, {"name": "host2", "region": "local"}, {"name": "host3"}]
+    return ClusterSpec.model_validate({**spec.model_dump(), "placement": {**spec.placement.model_dump(),
+                                                                          "hosts": hosts}})
+
+
+def test_a_host_on_a_node_labelled_with_another_region_fails_naming_both() -> None:
+    with pytest.raises(PlacementError) as e:
+        plan_placement(regional_spec(), labelled(host1="local", host2="eu-west-1", host3="anything"))
+    msg = str(e.value)
+    assert ("host 'host2': the spec puts it in region 'local' but its Ray node 10.0.0.3 is labelled "
+            "ray.io/availability-region=eu-west-1") in msg
+    assert "host1" not in msg.split("hosts the cluster has")[0]  # host1 agrees; host3 declares no region
+
+
+def test_region_labels_that_agree_pass_and_unlabelled_nodes_are_reported_unchecked() -> None:
+    p = plan_placement(regional_spec(), labelled(host1="local", host2=None, host3="x"))
+    assert p.unchecked_regions == ("host2",)
+    custom = [RayNode("a", "10.0.0.2", True, {host_resource("host1"): 8.0}, {"region": "local"}),
+              RayNode("b", "10.0.0.3", True, {host_resource("host2"): 8.0}, {"region": "local"}),
+              RayNode("c", "10.0.0.4", True, {host_resource("host3"): 8.0})]
+    assert plan_placement(regional_spec(), custom).unchecked_regions == ()
+    standard_first = RayNode("b", "10.0.0.3", True, {host_resource("host2"): 8.0},
+                             {"ray.io/availability-region": "us", "region": "local"})
+    with pytest.raises(PlacementError, match=r"labelled ray\.io/availability-region=us"):
+        plan_placement(regional_spec(), [custom[0], standard_first, custom[2]])
