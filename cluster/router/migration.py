@@ -182,16 +182,18 @@ class KVMigrator:
         return False
 
     # -- after a relay ended early -------------------------------------------------------------------
-    async def carry_on(self, t: Tracked, failure: str, sink: Sink, ignore_eos: bool) -> bool:
+    async def carry_on(self, t: Tracked, failure: str, sink: Sink, ignore_eos: bool, *,
+                       checkpoints: bool = True) -> bool:
         """Finish ``t``'s stream after its relay from ``t.worker`` ended with ``failure``: on the peer it
-        migrated to, or from its checkpoint. True when the stream completed; False: nothing more to try."""
+        migrated to, or from its checkpoint (unless ``checkpoints`` is False: the router's ``migrate`` is off).
+        True when the stream completed; False: nothing more to try."""
         st = t.st
         for _ in range(MAX_HOPS):
             source = t.worker
             if failure == MIGRATED and st.moved is not None:
                 target = self.chooser.view.workers.get(WorkerId(str(st.moved.get("to"))))
                 kind = "migrated"
-            elif failure != MIGRATED and t.checkpoint_peer is not None:
+            elif failure != MIGRATED and t.checkpoint_peer is not None and checkpoints:
                 target, kind = t.checkpoint_peer, "checkpoint"
             else:
                 return False

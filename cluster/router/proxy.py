@@ -167,10 +167,14 @@ class ColocatedFlow:
         # The worker moved the request (live migration) or died mid-stream: the client holds part of the
         # answer, so continue it where its KV is (the peer, a checkpoint), else re-prefill it elsewhere.
         try:
-            if tracked is not None and self.kv is not None and failure is not None:
+            # A planned move (MIGRATED) is followed whatever ``migrate`` says; resuming a broken stream from
+            # its checkpoint is a migration, so ``migrate: false`` turns it off as it turns off re-prefilling.
+            if tracked is not None and self.kv is not None and failure is not None \
+                    and (self.migrate_enabled or failure == MIGRATED):
                 if failure != MIGRATED:
                     self.attempts.failed(worker)
-                if await self.kv.carry_on(tracked, failure, p.out, p.req.ignore_eos):
+                if await self.kv.carry_on(tracked, failure, p.out, p.req.ignore_eos,
+                                          checkpoints=self.migrate_enabled):
                     await self.relay.finish(p.out, st)
                     self.metrics.responses.inc_labels("200")
                     return None

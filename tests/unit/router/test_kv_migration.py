@@ -70,6 +70,20 @@ async def test_a_broken_stream_resumes_on_its_checkpoint_peer_with_the_tokens_th
     assert r.kv_migrator.metrics.resumes.value("w0", "checkpoint", "ok") == 1
 
 
+async def test_with_migrate_off_a_broken_stream_is_not_resumed_from_its_checkpoint(
+        make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
+    r = await make_router(kv_workers(2), policy="round_robin", kv_migration=LIVE, migrate=False)
+    upstream.engine("http://w0", lambda s: Answer(200, [*token_events([5, 6], finish=False),
+                                                        UpstreamError("connection reset")]))
+    upstream.engine("http://w1", lambda s: resumed([7, 8], 2))
+    out = FakeClient()
+    assert await vclock.run(r.completions(call(streamed([1, 2, 3], 4)), out)) is None
+    assert out.token_ids() == [5, 6]
+    assert "error" in out.events()[-2] and out.events()[-1] == "[DONE]"
+    assert not upstream.to("http://w1")  # neither resumed nor re-prefilled there
+    assert r.metrics.migrations.value("failed") == 1
+
+
 async def test_a_refused_resume_falls_back_to_re_prefilling_elsewhere(
         make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
     r = await make_router(kv_workers(2), policy="round_robin", kv_migration=LIVE)
