@@ -71,7 +71,11 @@ def row(dp: int, migrate: bool, kill_at_s: float | None, duration_s: float, tmp:
     lt = s["loadtest"]
     out: dict[str, Any] = {"dp": dp, "migrate": migrate, "requests": lt["requests"], "failed": lt["failed"],
                            "output_tok_s": round(lt["output_throughput"], 1), "checker_ok": s["checker"]["ok"],
-                           "step_lag_p99_ms": (lt.get("step_lag_ms") or {}).get("p99")}
+                           "step_lag_p99_ms": (lt.get("step_lag_ms") or {}).get("p99"),
+                           # Streams the kill cut mid-way (continued or failed, by outcome) and attempts moved on
+                           # before a byte reached the client: what makes a row's failed count checkable.
+                           "cut_streams": s["kv_migration"].get("stream_migrations", {}),
+                           "retried": s["kv_migration"].get("retries", {})}
     if kill_at_s is not None:
         # Recovery counted from the kill itself (the event's own span ends when the replacement joins).
         kill = KillEngine(at_s=kill_at_s, engine=str(events[0]["engine"]))
@@ -101,6 +105,7 @@ def main() -> None:
         shutil.rmtree(tmp_ray, ignore_errors=True)
     for r in rows:
         print(f"dp={r['dp']} migrate={'on ' if r['migrate'] else 'off'}: failed {r['failed']}/{r['requests']}, "
+              f"cut mid-stream {r['cut_streams']}, retried {r['retried']}, "
               f"recovery {r.get('recovery_after_kill_s')} s after the kill, checker "
               f"{'OK' if r['checker_ok'] else 'VIOLATIONS'}, lag p99 {r['step_lag_p99_ms']} ms")
     emit({"bench": "fault_table", "quick": args.quick, "kill_at_s": kill_at, "replace_after_s": REPLACE_AFTER_S,

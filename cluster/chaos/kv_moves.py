@@ -2,7 +2,9 @@
 
 Read after the run from two places that outlive the faults: the router's ``/metrics``
 (``kvmesh_router_kv_migrations{source, outcome}``, ``kvmesh_router_kv_resumes{source, kind, outcome}``,
-``kvmesh_router_kv_migration_seconds``: emulated seconds per migration at its source) and the surviving
+``kvmesh_router_kv_migration_seconds``: emulated seconds per migration at its source; and the plain stream
+counters ``kvmesh_router_migrations{outcome}``, every stream cut mid-way, continued or failed, and
+``kvmesh_router_retries{reason}``, attempts moved on before a byte reached the client) and the surviving
 engines' ``migration_stats`` (a Ray control call, once: the checkpoint transfer times per 32 tokens and the
 tokens recomputed per checkpoint resume are recorded by the receiving peer, so a killed source loses none).
 
@@ -28,6 +30,8 @@ from cluster.loadtest.scrape import MetricsText, parse_metrics
 MOVES = "kvmesh_router_kv_migrations"
 RESUMES = "kvmesh_router_kv_resumes"
 MOVE_SECONDS = "kvmesh_router_kv_migration_seconds"
+STREAM_MIGRATIONS = "kvmesh_router_migrations"
+RETRIES = "kvmesh_router_retries"
 
 
 def _stats(values: Iterable[float]) -> dict[str, float] | None:
@@ -58,8 +62,17 @@ def summarize(page: MetricsText | None, engines: Mapping[str, Mapping[str, Any]]
     modelled = [x for s in engines.values() for x in s.get("checkpoint_modelled_ms_per_32_tokens", ())]
     prompt_ck = [x for s in engines.values() for x in s.get("prompt_checkpoint_ms", ())]
     recomputed = [x for s in engines.values() for x in s.get("recomputed_tokens", ())]
+    def by_label(name: str, label: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, v in (page.series(name) if page is not None else {}).items():
+            k = dict(key).get(label, "?")
+            out[k] = out.get(k, 0) + int(v)
+        return out
+
     return {
         "by_source": by_source,
+        "stream_migrations": by_label(STREAM_MIGRATIONS, "outcome"),
+        "retries": by_label(RETRIES, "reason"),
         "migrated": int(sum(r.get("migrations_ok", 0) for r in by_source.values())),
         "resumed_from_checkpoint": int(sum(r.get("resumed_checkpoint_ok", 0) for r in by_source.values())),
         "migration_ms_mean": (1000.0 * total / count) if count and total is not None else None,

@@ -19,6 +19,11 @@ kvmesh_router_kv_migration_seconds_bucket{le="0.01"} 3.0
 kvmesh_router_kv_migration_seconds_bucket{le="+Inf"} 3.0
 kvmesh_router_kv_migration_seconds_count 3.0
 kvmesh_router_kv_migration_seconds_sum 0.006
+# TYPE kvmesh_router_migrations counter
+kvmesh_router_migrations_total{outcome="ok"} 4.0
+kvmesh_router_migrations_total{outcome="failed"} 1.0
+# TYPE kvmesh_router_retries counter
+kvmesh_router_retries_total{reason="upstream_failure"} 2.0
 """
 
 
@@ -32,6 +37,7 @@ def test_counts_by_source_and_times_from_the_router_and_the_surviving_peers() ->
     assert fig["checkpoint_ms_per_32_tokens"]["mean"] == pytest.approx(1.0)
     assert fig["recomputed_tokens_per_resume"]["max"] == 30
     assert fig["engines"] == {"e-0": {"migrated_in": 3}}
+    assert fig["stream_migrations"] == {"ok": 4, "failed": 1} and fig["retries"] == {"upstream_failure": 2}
     spot = SpotPreempt(at_s=1.0, engine="f")
     assert event_moves(spot, fig, {}) == {"migrated": 3, "resumed_from_checkpoint": 0}
     node = KillNode(at_s=1.0, node="n0")
@@ -41,4 +47,5 @@ def test_counts_by_source_and_times_from_the_router_and_the_surviving_peers() ->
 def test_no_router_page_and_no_peers_leave_the_figures_empty() -> None:
     fig = summarize(None, {}, ["router metrics unreadable"])
     assert fig["migrated"] == 0 and fig["migration_ms_mean"] is None
+    assert fig["stream_migrations"] == {} and fig["retries"] == {}
     assert fig["checkpoint_ms_per_32_tokens"] is None and fig["notes"] == ["router metrics unreadable"]
