@@ -42,6 +42,9 @@ from actors.openai_api import (
 from config.cluster import DisaggSpec
 
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+YIELD_AFTER_BODY_BYTES = 64 * 1024
+"""A body this large (about 10k prompt tokens) takes milliseconds to parse and as many to admit: the handler
+lets the loop run once in between, so the engines of the process keep their step deadlines."""
 
 
 def json_error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -307,6 +310,8 @@ class EngineServer:
         try:
             raw = await request.read()
             req = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+            if len(raw) >= YIELD_AFTER_BODY_BYTES:
+                await asyncio.sleep(0)  # steps due now run between parsing a long prompt and admitting it
             if req.model is not None and req.model != self.engine.cfg.model_name:
                 return json_error(404, f"The model `{req.model}` does not exist.", "model")
             prompt_ids = self._prompt_ids(req)

@@ -24,6 +24,8 @@ from typing import NewType
 
 import numpy as np
 
+from actors.engine.tokenizer import ids_as_uint32
+
 BlockHash = NewType("BlockHash", int)
 BlockId = NewType("BlockId", int)
 
@@ -48,14 +50,32 @@ def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int], extra_key
     return BlockHash(hash_fn(head + body + extra_keys) or 1)
 
 
+_U64 = struct.Struct("<Q")
+
+
 def hash_request_blocks(tokens: Sequence[int], block_size: int, extra_keys: bytes = b"",
-                        start: Sequence[BlockHash] = (), hash_fn: HashFn = blake2b_64) -> list[BlockHash]:
-    """Chained hashes of every full block of ``tokens``, extending the already known ``start`` hashes."""
+                        start: Sequence[BlockHash] = (), hash_fn: HashFn = blake2b_64,
+                        limit: int | None = None) -> list[BlockHash]:
+    """Chained hashes of the full blocks of ``tokens``, extending the already known ``start`` hashes.
+
+    ``limit``: hash at most this many blocks in all (None: every full block). Each block's hash is
+    ``hash_block_tokens``'s, bit for bit; the tokens are converted to bytes once for all the blocks rather
+    than once per block (an 87k-token prompt: 13 -> 5 ms).
+    """
     out = list(start)
-    parent: BlockHash | None = out[-1] if out else None
-    for i in range(len(out), len(tokens) // block_size):
-        parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys, hash_fn)
-        out.append(parent)
+    n = len(tokens) // block_size
+    if limit is not None:
+        n = min(n, limit)
+    first = len(out)
+    if n <= first:
+        return out
+    data = ids_as_uint32(tokens[first * block_size:n * block_size]).tobytes()
+    parent: int = out[-1] if out else NONE_HASH
+    step = block_size * 4
+    pack = _U64.pack
+    for i in range(0, len(data), step):
+        parent = hash_fn(pack(parent) + data[i:i + step] + extra_keys) or 1
+        out.append(BlockHash(parent))
     return out
 
 

@@ -3,6 +3,10 @@
 Per request it keeps the blocks it holds, finds the longest cached prefix at admission, allocates the
 blocks a step needs (all or nothing), records newly full blocks in the prefix cache, and frees blocks
 tail first so a request's prefix stays cached longest.
+
+A request's block hashes are computed lazily: at admission only as far as its cached prefix reaches, the
+rest as its blocks fill (``cache_full_blocks``, once per prefill chunk), so admitting a 100k-token prompt
+does not hash all its 6k blocks in one turn of the event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ class PrefixHit:
 
     def num_tokens(self, block_size: int) -> int:
         return len(self.blocks) * block_size
+
+
+HASH_BATCH = 32
+"""Blocks hashed at a time while looking for a prefix hit (the batch doubles while the hit goes on)."""
 
 
 class KVCacheManager:
@@ -46,11 +54,14 @@ class KVCacheManager:
         """
         if not self.pool.enable_caching:
             return PrefixHit([])
-        hashes = seq.update_block_hashes(self.block_size)
         max_blocks = (seq.num_tokens - 1) // self.block_size
+        hashes = seq.block_hashes
         hit: list[KVBlock] = []
-        for h in hashes[:max_blocks]:
-            b = self.pool.lookup(h)
+        while len(hit) < max_blocks:
+            i = len(hit)
+            if i >= len(hashes):  # hash on only as far as the prefix hits: batches doubling from 32 blocks
+                hashes = seq.update_block_hashes(self.block_size, upto=min(max_blocks, i + max(i, HASH_BATCH)))
+            b = self.pool.lookup(hashes[i])
             if b is None:
                 break
             hit.append(b)
@@ -98,7 +109,7 @@ class KVCacheManager:
         done = self._num_cached.get(seq.request_id, 0)
         if full <= done:
             return
-        hashes = seq.update_block_hashes(self.block_size)
+        hashes = seq.update_block_hashes(self.block_size, upto=full)
         blocks = self.req_blocks[seq.request_id]
         parent = hashes[done - 1] if done > 0 else None
         self.pool.cache_blocks(blocks[done:full], hashes[done:full], parent)

@@ -79,11 +79,20 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
-    def update_block_hashes(self, block_size: int) -> list[BlockHash]:
-        """Hashes of every full block of prompt + outputs (computed incrementally)."""
-        if len(self.block_hashes) < self.num_tokens // block_size:
-            self.block_hashes = hash_request_blocks(self.all_token_ids(), block_size, self.extra_keys,
-                                                    start=self.block_hashes)
+    def update_block_hashes(self, block_size: int, upto: int | None = None) -> list[BlockHash]:
+        """Hashes of the full blocks of prompt + outputs: every one, or (``upto``) at least the first ``upto``.
+
+        Incremental: only blocks not hashed yet are hashed, so a long prompt's hashes can be computed as its
+        chunks are prefilled (``KVCacheManager.cache_full_blocks``) rather than all at admission.
+        """
+        n = self.num_tokens // block_size
+        if upto is not None:
+            n = min(n, upto)
+        if len(self.block_hashes) < n:
+            end = n * block_size
+            tokens = self.prompt_ids if end <= len(self.prompt_ids) else self.all_token_ids()
+            self.block_hashes = hash_request_blocks(tokens, block_size, self.extra_keys, start=self.block_hashes,
+                                                    limit=n)
         return self.block_hashes
 
     @property
