@@ -40,5 +40,12 @@ class RouterActor:
         index = self.server.chooser.index
         return {name: sorted(index.hashes_of(name)) for name in self.server.view.workers}
 
+    async def shutdown(self, wait_s: float = 10.0) -> int:
+        """A graceful stop: every request in flight ends with a 503 (an error event and ``[DONE]`` on a begun
+        stream), new ones are refused, then the server stops listening. Returns how many were ended."""
+        ended = await self.server.end_requests(wait_s)
+        await self.http.stop()
+        return ended
+
     async def stop(self) -> None:
         await self.http.stop()

@@ -11,6 +11,10 @@ A request walks down through small parts, each testable alone:
    request is worth splitting, else colocated (``proxy.ColocatedFlow``): attempts, retries, relay, migration;
 4. the deadline (``deadlines.DeadlineSweeper``): a request past ``request_timeout_s`` ends with a 504, or
    with an error event and ``[DONE]`` on a stream already begun, so the client is never left waiting.
+5. a graceful stop (``end_requests``, a router restart): new requests get a 503 with ``Retry-After``, and
+   every request in flight ends at once the same way as at its deadline, with a 503 (an OpenAI-style error
+   event ``data: {"error": {...}}`` then ``[DONE]`` on a begun stream, as vLLM ends a failed stream); its
+   engine's connection is closed, which aborts the request there.
 
 The router's HTTP server is aiohttp (``web``); its client to the engines is behind the ``Upstream``
 interface (aiohttp in production, fakes in unit tests); time is the router's clock (emulated ms).
@@ -47,6 +51,8 @@ from cluster.router.tiers import catalog_pricing
 from cluster.router.upstream import AiohttpUpstream, Upstream, UpstreamLimits
 from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import ClusterSpec, DisaggSpec, RouterSpec
+
+SHUTTING_DOWN = "the router is shutting down (restart): send the request again"
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class RouterServer:
         """By feed URL: one connection per engine process (workers launched together share one)."""
         self._feed_of: dict[WorkerId, str] = {}
         self._feed_session: Any = None
+        self.closing = False
+        """A graceful stop began: requests are refused, those in flight ended (``end_requests``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start_mechanism(self) -> None:
@@ -129,6 +137,16 @@ class RouterServer:
             await self._feed_session.close()
             self._feed_session = None
         await self.upstream.close()
+
+    async def end_requests(self, wait_s: float = 10.0) -> int:
+        """Graceful stop: refuse new requests and end every one in flight with a 503 (an error event and
+        ``[DONE]`` on a begun stream); wait up to ``wait_s`` wall seconds for their handlers to finish.
+        Returns how many were ended."""
+        self.closing = True
+        ended = self.deadlines.end_all()
+        if ended:
+            await asyncio.wait(ended, timeout=wait_s)
+        return len(ended)
 
     async def _start_feed(self, w: WorkerInfo) -> None:
         import aiohttp  # feeds are WebSockets: their own session, without the proxy's read timeout
@@ -234,16 +252,19 @@ class RouterServer:
         try:
             return await self._admit(call, out, chat)
         except asyncio.CancelledError:
-            if not self.deadlines.expired(task):
+            if self.deadlines.ended(task):
+                status, msg = 503, SHUTTING_DOWN
+            elif self.deadlines.expired(task):
+                status, msg = 504, f"request exceeded the router's deadline of {self.spec.request_timeout_s:g} s"
+            else:
                 raise
             task.uncancel()
-            self.metrics.responses.inc_labels("504")
-            msg = f"request exceeded the router's deadline of {self.spec.request_timeout_s:g} s"
+            self.metrics.responses.inc_labels(str(status))
             if out.started:
                 with contextlib.suppress(*DISCONNECTS):
-                    await self.relay.fail(out, 504, msg)
+                    await self.relay.fail(out, status, msg)
                 return None
-            return json_error(504, msg)
+            return json_error(status, msg, {"Retry-After": "1"} if status == 503 else None)
         finally:
             self.deadlines.forget(task)
 
@@ -253,6 +274,8 @@ class RouterServer:
 
     async def _admit(self, call: Call, out: ClientStream, chat: bool) -> Whole | None:
         t0 = time.perf_counter()
+        if self.closing:
+            return self._refuse(503, SHUTTING_DOWN, {"Retry-After": "1"})
         try:
             body: dict[str, Any] = parse_json_object(call.body)
             policy = self.chooser.policy_for(call.headers.get("X-Route-Policy"))

@@ -4,7 +4,8 @@
 ms, so a slowed-down cluster keeps its deadlines); the sweeper wakes every ``period_ms`` and cancels each
 task past its deadline, remembering it in ``expired`` so the request's handler can tell its own deadline
 from any other cancellation (a client disconnect) and answer 504. Per-request timers cost the hot path
-more than this sweep does; a deadline fires at most one period late.
+more than this sweep does; a deadline fires at most one period late. ``end_all`` (a graceful stop of the
+router) cancels every tracked request at once, remembered in ``ended`` so each handler answers 503.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class DeadlineSweeper:
         self.period_ms = min(250.0 / clock.time_scale, max(2.0 / clock.time_scale, timeout_ms / 100.0))
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
+        self._ended: set[asyncio.Task[Any]] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -41,9 +43,21 @@ class DeadlineSweeper:
     def expired(self, task: asyncio.Task[Any]) -> bool:
         return task in self._expired
 
+    def ended(self, task: asyncio.Task[Any]) -> bool:
+        return task in self._ended
+
     def forget(self, task: asyncio.Task[Any]) -> None:
         self._deadlines.pop(task, None)
         self._expired.discard(task)
+        self._ended.discard(task)
+
+    def end_all(self) -> list[asyncio.Task[Any]]:
+        """Cancel every tracked request not already past its deadline (a graceful stop); those cancelled."""
+        ended = [t for t in self._deadlines if t not in self._expired and t not in self._ended and not t.done()]
+        for task in ended:
+            self._ended.add(task)
+            task.cancel()
+        return ended
 
     @property
     def tracked(self) -> int:
