@@ -227,7 +227,7 @@ def ucx_unavailable() -> str | None:
 
 def ucx_env(tls: str) -> dict[str, str]:
     """The environment of a UCX process in this bench: UCX's defaults (not ucxx's), the given transports."""
-    from transport.ucx import _UCXX_ENV
+    from transport.ucx_worker import _UCXX_ENV
 
     env = {k: v for k, v in os.environ.items() if not (k in _UCXX_ENV and v == _UCXX_ENV[k])}
     return {**env, "UCX_TLS": tls, "UCX_WARN_UNUSED_ENV_VARS": "n"}
@@ -276,7 +276,7 @@ async def child_ucx_bare_sink() -> None:
     Serves one sender at a time: a hello (the sender's worker address), then rounds of a count and that
     many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn.
     """
-    from transport.ucx import UcxWorker, close_endpoint
+    from transport.ucx_worker import UcxWorker, close_endpoint
 
     w = UcxWorker()
     loop = asyncio.get_running_loop()
@@ -341,7 +341,7 @@ async def send_window(w: Any, ep: Any, payload: Any, count: int) -> None:
 
 async def ucx_bare_throughput(location: str, total: int, reps: int) -> float:
     """The tuned bare loop's sender: ``UCX_WINDOW`` 1 MiB sends in flight, acknowledged per round."""
-    from transport.ucx import UcxWorker, close_endpoint
+    from transport.ucx_worker import UcxWorker, close_endpoint
 
     w = UcxWorker()
     ep = w.endpoint(bytes.fromhex(location), False)

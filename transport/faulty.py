@@ -54,8 +54,8 @@ from transport.base import (
     TransferRecord,
     TransferTimeout,
     TransportStats,
-    within,
 )
+from transport.endpoint import within
 
 FaultKind = Literal["drop", "delay", "bandwidth", "truncate", "corrupt", "reset", "hang"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("drop", "delay", "bandwidth", "truncate", "corrupt", "reset", "hang")

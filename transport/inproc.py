@@ -25,7 +25,6 @@ from transport.base import (
     ClockLike,
     ConnectError,
     Delivery,
-    EndpointBase,
     Gate,
     IntegrityError,
     PeerGone,
@@ -36,8 +35,8 @@ from transport.base import (
     TransferTimeout,
     TransportOptions,
     TransportStats,
-    within,
 )
+from transport.endpoint import EndpointBase, within
 
 
 class InprocHub:

@@ -3,14 +3,8 @@ over UCX tagged messages, in host memory, at close to the speed ``ucx_perftest``
 
 Why it is built this way (each point was measured; see ``bench/transport.py``):
 
-- **Its own worker, progressed on the event loop.** ucxx's asyncio layer progresses its worker in a
-  thread and awaits each request by yielding to the loop until it completes: on a small host that
-  busy loop and the progress thread fight over the cores and the GIL (0.3-0.6 GB/s for 1 MiB
-  messages). Each transport here owns a UCX context and worker (libucxx, the layer below ucxx's
-  asyncio API) and :class:`UcxWorker` progresses it on the event loop: it spins (``progress`` then
-  yield) while requests complete, and after ``SPIN_S`` without a completion it arms the worker and
-  sleeps on its event descriptor (woken by UCX, by a new request, or after ``IDLE_POLL_S``). An idle
-  transport costs nothing; a busy one copies at memory speed on the loop's own core.
+- **Its own worker, progressed on the event loop** (:class:`~transport.ucx_worker.UcxWorker`, with
+  UCX's defaults rather than ucxx's GPU-oriented ones): see :mod:`transport.ucx_worker`.
 - **Endpoints by worker address, without error handling on one host.** UCX's peer-failure mode
   excludes the shared-memory transports, so an endpoint opened with it runs over TCP loopback even
   between two processes of one host. A peer on this host (its address carries the same host
@@ -19,9 +13,6 @@ Why it is built this way (each point was measured; see ``bench/transport.py``):
   (``cma`` rendezvous for large messages). A peer on another host is reached by worker address with
   error handling on (TCP or the fabric), or through the listener (``host:port``) when
   ``TransportOptions.ucx_same_host`` is ``"listener"``.
-- **UCX's defaults, not ucxx's GPU-oriented ones.** Importing ucxx sets ``UCX_MAX_RNDV_RAILS=1``,
-  ``UCX_RNDV_THRESH=8192`` and ``UCX_RNDV_FRAG_MEM_TYPE=cuda`` in the environment; where those are
-  ucxx's values (not the user's) the context is created with UCX's own defaults instead.
 - **Frames batched into control messages, large payloads beside them, many in flight.** Every UCX
   request costs Python and C++ work (about 20 us here), so per-message work, not bytes, bounded small
   transfers. Frames queued in one loop iteration travel as one control message (a 4-byte length, then
@@ -60,7 +51,6 @@ import os
 import secrets
 import socket
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +69,9 @@ from transport.checksum import ChecksumChoice, checksum_of, pick
 from transport.frame import HEADER_SIZE, Frame, FrameType, Header, Limits, encode, parse_header
 from transport.pool import BufferPool, Lease
 from transport.session import Client, FramedTransport, Handler
+from transport.ucx_worker import UcxWorker, _ucxx, close_endpoint, ucx_available
+
+__all__ = ["UcxConnection", "UcxTransport", "UcxWorker", "close_endpoint", "host_identity", "ucx_available"]
 
 log = logging.getLogger(__name__)
 
@@ -90,38 +83,8 @@ INLINE_MAX = 16 * 1024
 """Payloads up to this size travel inside the control message, after their frame's metadata (protocol constant)."""
 _BATCH_LEN = struct.Struct("<I")
 HELLO_SIZE = 4096
-SPIN_S = 200e-6
-"""How long the progress loop keeps spinning after the last completion before it sleeps on the worker's fd."""
-IDLE_POLL_S = 0.05
-"""An idle worker is progressed at least this often even without an event (a missed wake-up cannot stall it)."""
 _EMPTY = memoryview(b"")
 _HELLO = struct.Struct("<8sBH")
-
-# What importing ucxx puts in the environment (its GPU-oriented defaults), and UCX's own defaults.
-_UCXX_ENV = {"UCX_MAX_RNDV_RAILS": "1", "UCX_RNDV_THRESH": "8192", "UCX_RNDV_FRAG_MEM_TYPE": "cuda"}
-_UCX_DEFAULTS = {"MAX_RNDV_RAILS": "2", "RNDV_THRESH": "auto", "RNDV_FRAG_MEM_TYPE": "host"}
-
-
-def _ucxx() -> Any:
-    """libucxx (ucxx's Cython layer), imported on first use."""
-    try:
-        import ucxx._lib.libucxx as lib
-    except ImportError as e:
-        raise RuntimeError("the 'ucx' transport backend needs ucxx: install the 'ucx' extra "
-                           "(pip install -e '.[ucx]')") from e
-    return lib
-
-
-def _array(buf: Any) -> Any:
-    from ucxx._lib.arr import Array
-
-    return Array(buf)
-
-
-def ucx_config() -> dict[str, str]:
-    """Context options: UCX's defaults where the environment holds only what importing ucxx put there."""
-    return {k: v for (env, ucxx_value), (k, v) in zip(_UCXX_ENV.items(), _UCX_DEFAULTS.items(), strict=True)
-            if os.environ.get(env, ucxx_value) == ucxx_value}
 
 
 def host_identity() -> bytes:
@@ -139,156 +102,6 @@ def host_identity() -> bytes:
 def _tag(*parts: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(b"|".join(parts), digest_size=8).digest(), "little")
 
-
-Done = Callable[[BaseException | None], None]
-
-
-def close_endpoint(ep: Any) -> None:
-    """Close ``ep`` (cancelling its receives) unless it already closed: libucxx crashes closing one twice."""
-    with contextlib.suppress(Exception):
-        if ep.alive:
-            ep.close()
-
-
-class UcxWorker:
-    """A UCX context and worker progressed on the running event loop (see the module docstring).
-
-    Requests are posted with a completion callback, called on the loop (never inside UCX) with
-    ``None`` or the request's error. Invariant: every posted request stays referenced (with its buffer)
-    until its callback ran. ``close`` cancels nothing by itself: connections close their endpoints
-    first (which cancels their receives), then the worker stops progressing.
-    """
-
-    def __init__(self) -> None:
-        lib = _ucxx()
-        self.lib = lib
-        self.loop = asyncio.get_running_loop()
-        self.context = lib.UCXContext(ucx_config())
-        self.worker = lib.UCXWorker(self.context, enable_delayed_submission=False, enable_python_future=False)
-        self.worker.init_blocking_progress_mode()
-        self.address: bytes = self.worker.address.tobytes()
-        self._fd: int = self.worker.epoll_file_descriptor
-        self._waiting: list[tuple[Any, Done, Any]] = []
-        self._kick: asyncio.Future[None] | None = None
-        self._closed = False
-        self._task = self.loop.create_task(self._run())
-        self.spins = 0
-        self.sleeps = 0
-
-    @property
-    def outstanding(self) -> int:
-        return len(self._waiting)
-
-    def _add(self, req: Any, done: Done, keep: Any) -> None:
-        self._waiting.append((req, done, keep))
-        if self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)
-
-    def send(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
-        arr = _array(buf)
-        self._add(ep.tag_send(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
-
-    def recv(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
-        """Receive on ``ep`` (closing ``ep`` cancels it)."""
-        arr = _array(buf)
-        self._add(ep.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
-
-    def recv_any(self, buf: Any, tag: int, done: Done) -> None:
-        """Receive from any peer on this worker (hellos)."""
-        arr = _array(buf)
-        self._add(self.worker.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
-
-    async def wait_send(self, ep: Any, buf: Any, tag: int) -> None:
-        fut: asyncio.Future[None] = self.loop.create_future()
-
-        def done(exc: BaseException | None) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-        self.send(ep, buf, tag, done)
-        await fut
-
-    def endpoint(self, worker_address: bytes, error_handling: bool) -> Any:
-        lib = self.lib
-        return lib.UCXEndpoint.create_from_worker_address(
-            self.worker, lib.UCXAddress.create_from_buffer(worker_address), error_handling)
-
-    def _reap(self) -> bool:
-        done_any = False
-        keep: list[tuple[Any, Done, Any]] = []
-        finished: list[tuple[Done, BaseException | None]] = []
-        for entry in self._waiting:
-            req = entry[0]
-            if req.completed:
-                exc: BaseException | None = None
-                try:
-                    req.check_error()
-                except Exception as e:
-                    exc = e
-                finished.append((entry[1], exc))
-                done_any = True
-            else:
-                keep.append(entry)
-        self._waiting = keep
-        for done, exc in finished:
-            try:
-                done(exc)
-            except Exception:
-                log.exception("UCX completion callback failed")
-        return done_any
-
-    async def _run(self) -> None:
-        worker = self.worker
-        quiet_since = time.perf_counter()
-        while not self._closed:
-            worker.progress()
-            if self._waiting and self._reap():
-                quiet_since = time.perf_counter()
-            elif time.perf_counter() - quiet_since > SPIN_S:
-                await self._sleep()
-                quiet_since = time.perf_counter()
-                continue
-            self.spins += 1
-            await asyncio.sleep(0)
-
-    async def _sleep(self) -> None:
-        """Arm the worker and wait for its fd, a new request, or the idle poll (whichever comes first)."""
-        if not self.worker.arm():
-            return  # events are pending: progress again at once
-        self.sleeps += 1
-        kick = self._kick = self.loop.create_future()
-
-        def readable() -> None:
-            if not kick.done():
-                kick.set_result(None)
-
-        self.loop.add_reader(self._fd, readable)
-        try:
-            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
-        except TimeoutError:
-            pass
-        finally:
-            self.loop.remove_reader(self._fd)
-            self._kick = None
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        for _ in range(100):  # let cancellations of closed endpoints' receives come back
-            self.worker.progress()
-            self._reap()
-            if not self._waiting:
-                break
-            await asyncio.sleep(0)
-        self._closed = True
-        if self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._waiting.clear()
 
 
 class _Slot:
@@ -689,12 +502,3 @@ class UcxTransport(FramedTransport):
             await self._w.close()
         # The worker, listener and endpoints stay referenced by this transport (UCX objects released in
         # an arbitrary order crash in their destructors) and go together when it is collected.
-
-
-def ucx_available() -> str | None:
-    """None when ucxx imports here, else why not (for tests and benchmarks that skip)."""
-    try:
-        _ucxx()
-    except Exception as e:
-        return f"{e} ({e.__cause__})" if e.__cause__ else str(e)
-    return None

@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from transport.base import ByteBudget
 from transport.checksum import checksum_of, pick, sum64
+from transport.endpoint import ByteBudget
 from transport.pool import MIN_CLASS, BufferPool, size_class
 
 

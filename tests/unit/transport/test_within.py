@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from actors.clock import Clock
-from transport.base import ConnectError, IntegrityError, PeerGone, TransferTimeout, within
+from transport.base import ConnectError, IntegrityError, PeerGone, TransferTimeout
+from transport.endpoint import within
 
 
 def test_the_body_runs_to_completion_before_its_deadline() -> None:

@@ -1,0 +1,55 @@
+"""What a backend supplies to the framed session protocol: a connection of whole frames, and its handler."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from transport.base import (
+    Block,
+)
+from transport.checksum import ChecksumChoice
+from transport.frame import (
+    Frame,
+    FrameType,
+)
+
+MAX_STAGED_PER_CONNECTION = 4096
+YIELD_BYTES = 256 * 1024
+"""A transfer yields to others on its connection after each this many payload bytes (not after every
+frame: small frames queued in one loop iteration go out together, in one write or one UCX message)."""
+
+
+class Handler(Protocol):
+    """What a connection hands its frames and its end to."""
+
+    def on_frame(self, frame: Frame) -> None: ...
+
+    def on_lost(self, exc: BaseException | None) -> None: ...
+
+
+class Connection(Protocol):
+    """One connection of a backend: whole frames out in order, frames in to its handler.
+
+    ``send`` queues or writes one frame without waiting (frames never interleave); ``drain`` waits
+    while too much is queued; ``lost`` resolves once the connection is gone and its handler's
+    ``on_lost`` ran.
+    """
+
+    lost: asyncio.Future[None]
+
+    @property
+    def alive(self) -> bool: ...
+
+    def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
+             block: Block | None = None, algo: ChecksumChoice = "auto") -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def abort(self) -> None:
+        """Reset the connection now."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection, telling the peer if it could not otherwise know."""
+        ...

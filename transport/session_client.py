@@ -1,0 +1,245 @@
+"""The initiator's side of the framed session protocol (see :mod:`transport.session`): pushes and pulls
+multiplexed on one connection per peer, each waiting on its own control frames."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from transport.base import (
+    Block,
+    BlockId,
+    FrameError,
+    Gate,
+    IntegrityError,
+    PeerGone,
+    RequestId,
+    SizeHook,
+    TransportError,
+    error_from_wire,
+)
+from transport.connection import YIELD_BYTES, Connection
+from transport.endpoint import ByteBudget
+from transport.frame import (
+    Frame,
+    FrameType,
+    field_int,
+    field_layers,
+)
+from transport.pool import Lease
+
+if TYPE_CHECKING:
+    from transport.session import FramedTransport
+
+
+class Pending:
+    """A transfer the initiator waits on: control frames for it queue up here, in arrival order."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.loop = asyncio.get_running_loop()
+        self.queue: collections.deque[tuple[FrameType, dict[str, Any]]] = collections.deque()
+        self.error: TransportError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.blocks: list[Block] = []
+        self.leases: list[Lease] = []
+        self.bad: TransportError | None = None
+        self.expect: Sequence[int] = ()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def resolve(self, ftype: FrameType, meta: dict[str, Any]) -> None:
+        self.queue.append((ftype, meta))
+        self._wake()
+
+    def fail(self, err: TransportError) -> None:
+        if self.error is None:
+            self.error = err
+        self._wake()
+
+    async def next(self) -> tuple[FrameType, dict[str, Any]]:
+        while not self.queue:
+            if self.error is not None:
+                raise self.error
+            self._waiter = self.loop.create_future()
+            await self._waiter
+        return self.queue.popleft()
+
+    def release(self) -> None:
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            lease.release()
+
+
+class Progress:
+    """How far a push got: whether a commit was sent, and whether the receiver answered it."""
+
+    __slots__ = ("answered", "commit_sent")
+
+    def __init__(self) -> None:
+        self.commit_sent = False
+        self.answered = False
+
+    @property
+    def unknown(self) -> bool:
+        return self.commit_sent and not self.answered
+
+
+class Client:
+    """The initiator's connection to one peer and its transfers in flight."""
+
+    def __init__(self, owner: FramedTransport, location: str) -> None:
+        self.owner = owner
+        self.location = location
+        self.pending: dict[int, Pending] = {}
+        self.budget = ByteBudget(owner.options.max_inflight_bytes)
+        self.ids = itertools.count(1)
+        self.conn: Connection | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.conn is not None and self.conn.alive
+
+    # handler interface
+    def on_frame(self, f: Frame) -> None:
+        t = field_int(f.meta, "t")
+        p = self.pending.get(t)
+        if f.type in (FrameType.ACK, FrameType.PULL_HEAD, FrameType.PULL_END):
+            if p is not None:
+                p.resolve(f.type, f.meta)
+        elif f.type == FrameType.PULL_DATA:
+            if p is None or p.kind != "pull" or not self._accept_block(p, f):
+                f.release()
+        else:
+            f.release()
+            raise FrameError(f"a server sent a {f.type.name} frame, which only initiators send")
+
+    def _accept_block(self, p: Pending, f: Frame) -> bool:
+        i, b, layers = field_int(f.meta, "i"), field_int(f.meta, "b"), field_layers(f.meta)
+        if p.bad is not None:
+            return False
+        if i != len(p.blocks) or i >= len(p.expect) or b != p.expect[i]:
+            p.bad = FrameError(f"pull answer block #{i} (id {b}) is not the one requested")
+            return False
+        if not f.intact:
+            p.bad = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
+            return False
+        assert f.lease is not None or f.payload.nbytes == 0
+        p.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        if f.lease is not None:
+            p.leases.append(f.lease)
+        return True
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        for p in self.pending.values():
+            p.fail(PeerGone(f"connection to {self.location} lost" + (f" ({exc})" if exc else "")))
+
+    async def _await(self, p: Pending, *expected: FrameType,
+                     progress: Progress | None = None) -> tuple[FrameType, dict[str, Any]]:
+        ftype, meta = await p.next()
+        if progress is not None:
+            progress.answered = True
+        if meta.get("ok") is False:
+            raise error_from_wire(str(meta.get("e", "transport")), f"peer {self.location}: {meta.get('m', '')}")
+        if ftype not in expected:
+            raise FrameError(f"expected {'/'.join(e.name for e in expected)} from {self.location}, got {ftype.name}")
+        return ftype, meta
+
+    def _cancel(self, tid: int) -> None:
+        if self.conn is not None and self.conn.alive:
+            with contextlib.suppress(TransportError):
+                self.conn.send(FrameType.CANCEL, {"t": tid})
+
+    async def push(self, request_id: RequestId, blocks: Sequence[Block], gate: Gate | None, expires_at: float,
+                   progress: Progress) -> float:
+        """Move ``blocks``; return the wall seconds until the receiver had them all, verified.
+
+        ``expires_at`` (``time.time()`` seconds) travels with the commit: a receiver that reads the commit
+        later refuses it. ``progress`` tells the caller whether a commit was sent and not answered.
+        """
+        assert self.conn is not None
+        conn = self.conn
+        tid = next(self.ids)
+        p = self.pending[tid] = Pending("push")
+        total = sum(b.nbytes for b in blocks)
+        held = 0
+        finished = False
+        algo = self.owner.options.checksum
+        t0 = time.perf_counter()  # real time includes waiting for the connection's in-flight budget
+        try:
+            held = min(total, self.budget.capacity)
+            try:
+                await self.budget.acquire(held)
+            except BaseException:
+                held = 0
+                raise
+            end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
+            last = len(blocks) - 1
+            unyielded = 0
+            for i, b in enumerate(blocks):
+                if unyielded >= YIELD_BYTES:
+                    unyielded = 0
+                    await asyncio.sleep(0)  # let concurrent transfers interleave
+                unyielded += b.nbytes
+                await conn.drain()
+                meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
+                if i == last:
+                    meta.update(end)  # the last block ends the push: one frame fewer per push
+                conn.send(FrameType.PUSH_DATA, meta, block=b, algo=algo)
+            if not blocks:
+                await conn.drain()
+                conn.send(FrameType.PUSH_END, {"t": tid, **end})
+            progress.commit_sent = gate is None
+            await self._await(p, FrameType.ACK, progress=progress)
+            wall = time.perf_counter() - t0
+            self.budget.release(held)
+            held = 0
+            if gate is not None:
+                await gate()
+                conn.send(FrameType.COMMIT, {"t": tid, "x": expires_at})
+                progress.commit_sent, progress.answered = True, False
+                await self._await(p, FrameType.ACK, progress=progress)
+            finished = True
+            return wall
+        finally:
+            if not finished:
+                self._cancel(tid)
+            self.pending.pop(tid, None)
+            if held:
+                self.budget.release(held)
+
+    async def pull(self, request_id: RequestId, block_ids: Sequence[BlockId],
+                   on_size: SizeHook | None) -> tuple[list[Block], list[Lease], float]:
+        assert self.conn is not None
+        conn = self.conn
+        tid = next(self.ids)
+        p = self.pending[tid] = Pending("pull")
+        p.expect = list(block_ids)
+        finished = False
+        try:
+            t0 = time.perf_counter()
+            await conn.drain()
+            conn.send(FrameType.PULL, {"t": tid, "r": request_id, "ids": list(block_ids)})
+            _, head = await self._await(p, FrameType.PULL_HEAD)
+            if on_size is not None:
+                on_size(field_int(head, "bytes"))
+            await self._await(p, FrameType.PULL_END)
+            finished = True
+            if p.bad is not None:
+                raise p.bad
+            if len(p.blocks) != len(p.expect):
+                raise FrameError(f"pull answer has {len(p.blocks)} blocks, {len(p.expect)} were requested")
+            leases, p.leases = p.leases, []
+            return p.blocks, leases, time.perf_counter() - t0
+        finally:
+            if not finished:
+                self._cancel(tid)
+            p.release()
+            self.pending.pop(tid, None)

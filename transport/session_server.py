@@ -1,0 +1,243 @@
+"""The serving side of the framed session protocol (see :mod:`transport.session`): staged pushes,
+their commits, and pull answers, per accepted connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from typing import TYPE_CHECKING, Any
+
+from transport.base import (
+    Block,
+    BlockId,
+    BlockNotFound,
+    FrameError,
+    IntegrityError,
+    PeerGone,
+    RequestId,
+    TransferTimeout,
+    TransportClosed,
+    TransportError,
+)
+from transport.connection import MAX_STAGED_PER_CONNECTION, YIELD_BYTES, Connection
+from transport.frame import (
+    Frame,
+    FrameType,
+    field_bool,
+    field_int,
+    field_int_list,
+    field_layers,
+    field_str,
+)
+from transport.pool import Lease
+
+if TYPE_CHECKING:
+    from transport.session import FramedTransport
+
+
+def _expiry(meta: dict[str, Any]) -> float | None:
+    """The sender's deadline carried by a commit (``time.time()`` seconds), if any."""
+    x = meta.get("x")
+    if x is None:
+        return None
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise FrameError("frame field 'x' must be a number (the sender's deadline)")
+    return float(x)
+
+
+class Staged:
+    __slots__ = ("bad", "blocks", "leases", "request_id")
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+        self.leases: list[Lease | None] = []
+        """Aligned with ``blocks`` (None for an empty payload)."""
+        self.bad: TransportError | None = None
+        self.request_id: RequestId = RequestId("")
+
+    def release(self) -> None:
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            if lease is not None:
+                lease.release()
+
+
+class Server:
+    """The serving side of one accepted connection: staged pushes and pull answers in progress."""
+
+    def __init__(self, owner: FramedTransport, conn: Connection) -> None:
+        self.owner = owner
+        self.conn = conn
+        self.staged: dict[int, Staged] = {}
+        self.committable: dict[int, Staged] = {}
+        self.serving: dict[int, asyncio.Task[None]] = {}
+
+    def on_frame(self, f: Frame) -> None:
+        t = field_int(f.meta, "t")
+        ft = f.type
+        if ft == FrameType.PUSH_DATA:
+            if f.meta.get("n") == 1 and f.meta.get("c") is True and t not in self.staged:
+                self._push_one(t, f)  # the small-push fast path: one block, committed at once
+                return
+            self._stage(t, f)
+            if "n" in f.meta:
+                self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"),
+                          _expiry(f.meta))
+        elif ft == FrameType.PUSH_END:
+            self._end(t, field_str(f.meta, "r"), field_int(f.meta, "n"), field_bool(f.meta, "c"), _expiry(f.meta))
+        elif ft == FrameType.COMMIT:
+            st = self.committable.pop(t, None)
+            if st is None:
+                self._ack(t, BlockNotFound(f"transfer {t} is not staged (cancelled, failed or already committed)"))
+            else:
+                self._deliver(t, st, _expiry(f.meta))
+        elif ft == FrameType.CANCEL:
+            if f.meta.get("bye") is True:  # the initiator is closing this connection
+                self.conn.abort()
+                return
+            for table in (self.staged, self.committable):
+                dropped = table.pop(t, None)
+                if dropped is not None:
+                    dropped.release()
+            task = self.serving.pop(t, None)
+            if task is not None:
+                task.cancel()
+        elif ft == FrameType.PULL:
+            r, ids = field_str(f.meta, "r"), field_int_list(f.meta, "ids")
+            if t in self.serving:
+                raise FrameError(f"transfer id {t} is already being served")
+            task = asyncio.get_running_loop().create_task(self._serve_pull(t, RequestId(r), ids))
+            self.serving[t] = task
+            task.add_done_callback(functools.partial(self._served, t))
+        else:
+            f.release()
+            raise FrameError(f"an initiator sent a {ft.name} frame, which only servers send")
+
+    def _served(self, t: int, task: asyncio.Task[None]) -> None:
+        if self.serving.get(t) is task:
+            del self.serving[t]
+
+    def _stage(self, t: int, f: Frame) -> None:
+        st = self.staged.get(t)
+        if st is None:
+            if len(self.staged) + len(self.committable) >= MAX_STAGED_PER_CONNECTION:
+                f.release()
+                raise FrameError(f"more than {MAX_STAGED_PER_CONNECTION} pushes staged on one connection")
+            st = self.staged[t] = Staged()
+        try:
+            i, b, layers = field_int(f.meta, "i"), field_int(f.meta, "b"), field_layers(f.meta)
+        except FrameError:
+            f.release()
+            raise
+        if st.bad is None and i != len(st.blocks):
+            st.bad = FrameError(f"push block #{i} arrived out of order")
+        elif st.bad is None and not f.intact:
+            st.bad = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
+        if st.bad is not None:
+            f.release()
+            return
+        st.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        st.leases.append(f.lease)
+
+    def _push_one(self, t: int, f: Frame) -> None:
+        """A whole one-block push that commits at once: what ``_stage`` + ``_end`` + ``_deliver`` do,
+        without staging it (no ``Staged``, no table entries), for the same checks and the same answers."""
+        meta = f.meta
+        try:
+            i, b, layers = field_int(meta, "i"), field_int(meta, "b"), field_layers(meta)
+            request_id, expires_at = field_str(meta, "r"), _expiry(meta)
+        except FrameError:
+            f.release()
+            raise
+        err: TransportError | None = None
+        if i != 0:
+            err = FrameError(f"push block #{i} arrived out of order")
+        elif not f.intact:
+            err = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
+        elif self.owner.closed:
+            err = TransportClosed("receiver closed")
+        elif expires_at is not None and time.time() > expires_at:
+            err = TransferTimeout("the commit reached the receiver after the sender's deadline")
+        if err is not None:
+            f.release()
+            self._ack(t, err)
+            return
+        self.owner.inbox.deliver(RequestId(request_id),
+                                 (Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo),),
+                                 (f.lease,))
+        self._ack(t, None)
+
+    def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
+        st = self.staged.pop(t, None) or Staged()
+        st.request_id = RequestId(request_id)
+        if st.bad is None and len(st.blocks) != n:
+            st.bad = IntegrityError(f"push announced {n} blocks, {len(st.blocks)} arrived")
+        if st.bad is not None:
+            st.release()
+            self._ack(t, st.bad)
+        elif commit:
+            self._deliver(t, st, expires_at)
+        else:
+            self.committable[t] = st
+            self._ack(t, None, staged=True)
+
+    def _deliver(self, t: int, st: Staged, expires_at: float | None) -> None:
+        if self.owner.closed:
+            st.release()
+            self._ack(t, TransportClosed("receiver closed"))
+            return
+        if expires_at is not None and time.time() > expires_at:
+            st.release()
+            self._ack(t, TransferTimeout("the commit reached the receiver after the sender's deadline"))
+            return
+        self.owner.inbox.deliver(st.request_id, st.blocks, st.leases)
+        st.leases = []
+        self._ack(t, None)
+
+    def _ack(self, t: int, err: TransportError | None, staged: bool = False) -> None:
+        if err is None and not staged:
+            with contextlib.suppress(PeerGone):
+                self.conn.send(FrameType.ACK, {"t": t, "ok": True})
+            return
+        meta: dict[str, Any] = {"t": t, "ok": err is None}
+        if staged:
+            meta["s"] = True
+        if err is not None:
+            meta["e"], meta["m"] = err.code, str(err)
+        with contextlib.suppress(PeerGone):
+            self.conn.send(FrameType.ACK, meta)
+
+    async def _serve_pull(self, t: int, request_id: RequestId, ids: list[int]) -> None:
+        conn = self.conn
+        try:
+            try:
+                blocks = self.owner.offers.get(request_id, [BlockId(i) for i in ids])
+            except BlockNotFound as e:
+                conn.send(FrameType.PULL_END, {"t": t, "ok": False, "e": e.code, "m": str(e)})
+                return
+            conn.send(FrameType.PULL_HEAD, {"t": t, "n": len(blocks), "bytes": sum(b.nbytes for b in blocks)})
+            algo = self.owner.options.checksum
+            unyielded = 0
+            for i, b in enumerate(blocks):
+                if unyielded >= YIELD_BYTES:
+                    unyielded = 0
+                    await asyncio.sleep(0)
+                unyielded += b.nbytes
+                await conn.drain()
+                conn.send(FrameType.PULL_DATA, {"t": t, "i": i, "b": b.block_id, "l": list(b.layers)},
+                          block=b, algo=algo)
+            await conn.drain()
+            conn.send(FrameType.PULL_END, {"t": t, "ok": True, "n": len(blocks)})
+        except PeerGone:
+            return
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        for table in (self.staged, self.committable):
+            for st in table.values():
+                st.release()
+            table.clear()
+        for task in self.serving.values():
+            task.cancel()
+        self.owner._servers.discard(self)

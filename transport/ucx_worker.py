@@ -1,0 +1,217 @@
+"""The UCX worker the ucx backend runs on: libucxx (ucxx's Cython layer) progressed on the event loop.
+
+Why (measured; see ``bench/transport.py``): ucxx's asyncio layer progresses its worker in a thread
+and awaits each request by yielding to the loop until it completes; on a small host that busy loop
+and the progress thread fight over the cores and the GIL (0.3-0.6 GB/s for 1 MiB messages). Each
+transport here owns a UCX context and worker and :class:`UcxWorker` progresses it on the event loop:
+it spins (``progress`` then yield) while requests complete, and after ``SPIN_S`` without a completion
+it arms the worker and sleeps on its event descriptor (woken by UCX, by a new request, or after
+``IDLE_POLL_S``). An idle transport costs nothing; a busy one copies at memory speed on the loop's
+own core.
+
+UCX's defaults, not ucxx's GPU-oriented ones: importing ucxx sets ``UCX_MAX_RNDV_RAILS=1``,
+``UCX_RNDV_THRESH=8192`` and ``UCX_RNDV_FRAG_MEM_TYPE=cuda`` in the environment; where those are
+ucxx's values (not the user's) the context is created with UCX's own defaults instead (:func:`ucx_config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPIN_S = 200e-6
+"""How long the progress loop keeps spinning after the last completion before it sleeps on the worker's fd."""
+IDLE_POLL_S = 0.05
+"""An idle worker is progressed at least this often even without an event (a missed wake-up cannot stall it)."""
+# What importing ucxx puts in the environment (its GPU-oriented defaults), and UCX's own defaults.
+_UCXX_ENV = {"UCX_MAX_RNDV_RAILS": "1", "UCX_RNDV_THRESH": "8192", "UCX_RNDV_FRAG_MEM_TYPE": "cuda"}
+_UCX_DEFAULTS = {"MAX_RNDV_RAILS": "2", "RNDV_THRESH": "auto", "RNDV_FRAG_MEM_TYPE": "host"}
+
+
+def _ucxx() -> Any:
+    """libucxx (ucxx's Cython layer), imported on first use."""
+    try:
+        import ucxx._lib.libucxx as lib
+    except ImportError as e:
+        raise RuntimeError("the 'ucx' transport backend needs ucxx: install the 'ucx' extra "
+                           "(pip install -e '.[ucx]')") from e
+    return lib
+
+
+def _array(buf: Any) -> Any:
+    from ucxx._lib.arr import Array
+
+    return Array(buf)
+
+
+def ucx_config() -> dict[str, str]:
+    """Context options: UCX's defaults where the environment holds only what importing ucxx put there."""
+    return {k: v for (env, ucxx_value), (k, v) in zip(_UCXX_ENV.items(), _UCX_DEFAULTS.items(), strict=True)
+            if os.environ.get(env, ucxx_value) == ucxx_value}
+
+
+Done = Callable[[BaseException | None], None]
+
+
+def close_endpoint(ep: Any) -> None:
+    """Close ``ep`` (cancelling its receives) unless it already closed: libucxx crashes closing one twice."""
+    with contextlib.suppress(Exception):
+        if ep.alive:
+            ep.close()
+
+
+class UcxWorker:
+    """A UCX context and worker progressed on the running event loop (see the module docstring).
+
+    Requests are posted with a completion callback, called on the loop (never inside UCX) with
+    ``None`` or the request's error. Invariant: every posted request stays referenced (with its buffer)
+    until its callback ran. ``close`` cancels nothing by itself: connections close their endpoints
+    first (which cancels their receives), then the worker stops progressing.
+    """
+
+    def __init__(self) -> None:
+        lib = _ucxx()
+        self.lib = lib
+        self.loop = asyncio.get_running_loop()
+        self.context = lib.UCXContext(ucx_config())
+        self.worker = lib.UCXWorker(self.context, enable_delayed_submission=False, enable_python_future=False)
+        self.worker.init_blocking_progress_mode()
+        self.address: bytes = self.worker.address.tobytes()
+        self._fd: int = self.worker.epoll_file_descriptor
+        self._waiting: list[tuple[Any, Done, Any]] = []
+        self._kick: asyncio.Future[None] | None = None
+        self._closed = False
+        self._task = self.loop.create_task(self._run())
+        self.spins = 0
+        self.sleeps = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiting)
+
+    def _add(self, req: Any, done: Done, keep: Any) -> None:
+        self._waiting.append((req, done, keep))
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
+
+    def send(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
+        arr = _array(buf)
+        self._add(ep.tag_send(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    def recv(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
+        """Receive on ``ep`` (closing ``ep`` cancels it)."""
+        arr = _array(buf)
+        self._add(ep.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    def recv_any(self, buf: Any, tag: int, done: Done) -> None:
+        """Receive from any peer on this worker (hellos)."""
+        arr = _array(buf)
+        self._add(self.worker.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+
+    async def wait_send(self, ep: Any, buf: Any, tag: int) -> None:
+        fut: asyncio.Future[None] = self.loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+
+        self.send(ep, buf, tag, done)
+        await fut
+
+    def endpoint(self, worker_address: bytes, error_handling: bool) -> Any:
+        lib = self.lib
+        return lib.UCXEndpoint.create_from_worker_address(
+            self.worker, lib.UCXAddress.create_from_buffer(worker_address), error_handling)
+
+    def _reap(self) -> bool:
+        done_any = False
+        keep: list[tuple[Any, Done, Any]] = []
+        finished: list[tuple[Done, BaseException | None]] = []
+        for entry in self._waiting:
+            req = entry[0]
+            if req.completed:
+                exc: BaseException | None = None
+                try:
+                    req.check_error()
+                except Exception as e:
+                    exc = e
+                finished.append((entry[1], exc))
+                done_any = True
+            else:
+                keep.append(entry)
+        self._waiting = keep
+        for done, exc in finished:
+            try:
+                done(exc)
+            except Exception:
+                log.exception("UCX completion callback failed")
+        return done_any
+
+    async def _run(self) -> None:
+        worker = self.worker
+        quiet_since = time.perf_counter()
+        while not self._closed:
+            worker.progress()
+            if self._waiting and self._reap():
+                quiet_since = time.perf_counter()
+            elif time.perf_counter() - quiet_since > SPIN_S:
+                await self._sleep()
+                quiet_since = time.perf_counter()
+                continue
+            self.spins += 1
+            await asyncio.sleep(0)
+
+    async def _sleep(self) -> None:
+        """Arm the worker and wait for its fd, a new request, or the idle poll (whichever comes first)."""
+        if not self.worker.arm():
+            return  # events are pending: progress again at once
+        self.sleeps += 1
+        kick = self._kick = self.loop.create_future()
+
+        def readable() -> None:
+            if not kick.done():
+                kick.set_result(None)
+
+        self.loop.add_reader(self._fd, readable)
+        try:
+            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
+        except TimeoutError:
+            pass
+        finally:
+            self.loop.remove_reader(self._fd)
+            self._kick = None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for _ in range(100):  # let cancellations of closed endpoints' receives come back
+            self.worker.progress()
+            self._reap()
+            if not self._waiting:
+                break
+            await asyncio.sleep(0)
+        self._closed = True
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._waiting.clear()
+
+
+def ucx_available() -> str | None:
+    """None when ucxx imports here, else why not (for tests and benchmarks that skip)."""
+    try:
+        _ucxx()
+    except Exception as e:
+        return f"{e} ({e.__cause__})" if e.__cause__ else str(e)
+    return None
