@@ -138,13 +138,16 @@ class RayClusterControl:
                 for k, v in counts.items():
                     mine[k] = mine.get(k, 0) + v
 
-    def restart_router(self, down_s: float) -> None:
-        """Kill every router actor; after ``down_s`` emulated s start new ones on the same ports."""
+    def restart_router(self, down_s: float, graceful: bool = True) -> None:
+        """Stop every router (``graceful``: each ends its open streams with an error event and stops listening;
+        else a crash) and kill its actor; after ``down_s`` emulated s start new ones on the same ports."""
         import ray
 
         from cluster.router.actor import RouterActor
 
         h = self.handle
+        if graceful:
+            self._call_each([old.shutdown.remote() for old in h.routers.values()])
         for old in h.routers.values():
             ray.kill(old, no_restart=True)
         time.sleep(down_s * h.spec.time_scale)

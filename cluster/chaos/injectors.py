@@ -28,8 +28,9 @@ What each kind does:
   their feeds tell the routers they are gone, for ``duration_s``; then a fresh snapshot reconnects them.
   (``between: engines``): their KV transports refuse each other (``PeerGone``) for ``duration_s``.
 - ``kv_events``: the engines' KV event batches lost, duplicated or reordered (seeded) for ``duration_s``.
-- ``router_restart``: every router actor killed; after ``down_s`` a new one starts on the same port with
-  the live engines and rebuilds its view and index from their feeds' snapshots.
+- ``router_restart``: every router stopped (``graceful``: told to stop, it ends each open stream with an
+  error event and ``[DONE]`` first; ``crash``: killed) and its actor killed; after ``down_s`` a new one starts
+  on the same port with the live engines and rebuilds its view and index from their feeds' snapshots.
 - ``transfer_faults``: every KV transport's fault wrapper switched to ``plan`` for ``duration_s``.
 
 Failure behaviour: ``plan_actions`` raises ``UnsupportedEvent`` (naming the event's index and kind) for a
@@ -97,7 +98,7 @@ class ClusterControl(Protocol):
 
     def disturb_kv_events(self, event: KvEvents, on: bool) -> None: ...
 
-    def restart_router(self, down_s: float) -> None: ...
+    def restart_router(self, down_s: float, graceful: bool = True) -> None: ...
 
     def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None: ...
 
@@ -207,8 +208,9 @@ def _kv_events(e: Event, i: int) -> list[Action]:
 
 def _router_restart(e: Event, i: int) -> list[Action]:
     assert isinstance(e, RouterRestart)
-    return [Action(e.at_s, i, e.kind, f"kill the router, start a new one after {e.down_s:g} s",
-                   _none(lambda c: c.restart_router(e.down_s)))]
+    how = "stop the router (open streams end with an error event)" if e.mode == "graceful" else "kill the router"
+    return [Action(e.at_s, i, e.kind, f"{how}, start a new one after {e.down_s:g} s",
+                   _none(lambda c: c.restart_router(e.down_s, e.mode == "graceful")))]
 
 
 def _transfer_faults(e: Event, i: int) -> list[Action]:

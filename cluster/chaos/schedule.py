@@ -153,6 +153,9 @@ class RouterRestart(_Event):
     kind: Literal["router_restart"] = "router_restart"
     down_s: NonNegativeFloat = 0.0
     """Emulated seconds between the kill and the new router's start."""
+    mode: Literal["graceful", "crash"] = "graceful"
+    """``graceful``: the router is told to stop first, so every open stream ends with an error event (a 503)
+    and ``[DONE]``; ``crash``: the process is killed, its clients lose their connections."""
 
 
 class TransferFaults(_Event):

@@ -43,8 +43,8 @@ class FakeControl:
     def disturb_kv_events(self, event: KvEvents, on: bool) -> None:
         self.calls.append(("kv_events", (event.engines, on)))
 
-    def restart_router(self, down_s: float) -> None:
-        self.calls.append(("restart_router", down_s))
+    def restart_router(self, down_s: float, graceful: bool = True) -> None:
+        self.calls.append(("restart_router", (down_s, graceful)))
 
     def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None:
         self.calls.append(("transfer_faults", plan))
@@ -82,8 +82,10 @@ def test_periods_switch_on_then_off_and_replacements_follow_the_kill() -> None:
     assert run(actions).calls == [
         ("kill", "a"), ("drain", "b"), ("kill", "b"), ("partition", (("a", "b"), "engines", True)),
         ("kv_events", ((), True)), ("replace", "b"), ("partition", (("a", "b"), "engines", False)),
-        ("replace", "a"), ("kv_events", ((), False)), ("restart_router", 0.5),
+        ("replace", "a"), ("kv_events", ((), False)), ("restart_router", (0.5, True)),
         ("transfer_faults", {"rates": {"drop": 0.1}}), ("transfer_faults", None)]
+    crash = plan_actions(parse_schedule([{"kind": "router_restart", "at_s": 1, "mode": "crash"}]))
+    assert run(crash).calls == [("restart_router", (0.0, False))] and "kill the router" in crash[0].what
 
 
 def test_a_kind_without_injector_fails_before_the_run() -> None:
