@@ -197,9 +197,14 @@ class ColocatedFlow:
         return Tracked(rid, worker, p.st, p.req, p.ctx, p.policy)
 
     async def migrate(self, p: Proxied, failed: WorkerInfo, why: str) -> None:
-        """Continue a broken stream on other eligible workers: prompt + streamed tokens, remaining budget."""
+        """Continue a broken stream on other eligible workers: prompt + streamed tokens, remaining budget.
+
+        Up to ``max_attempts`` workers, each the least loaded one eligible at that moment (not one already
+        tried): a stream cut again on its second worker goes on where the cluster stands then (a worker
+        killed or draining meanwhile is no longer eligible, a replacement that joined is)."""
         st, req, ctx = p.st, p.req, p.ctx
-        candidates = self.chooser.eligible(req.model, ctx.residency, {failed.name})
+        tried = {failed.name}
+        candidates = self.chooser.eligible(req.model, ctx.residency, tried)
         if not self.migrate_enabled or not candidates:
             self.metrics.migrations.inc_labels("failed")
             await self.relay.fail(p.out, 502, f"worker failed mid-stream ({why}) and no other eligible worker "
@@ -209,13 +214,18 @@ class ColocatedFlow:
         st.prompt_ids = ctx.prompt_ids
         st.prompt_tokens = len(ctx.prompt_ids)
         done_before = st.remaining is not None and st.remaining <= 0
-        by_load = sorted(candidates, key=lambda w: (w.load, w.name))[: self.max_attempts]
-        if await self.relay.continue_on(by_load, st, model=req.model, ignore_eos=req.ignore_eos,
-                                        origin=ctx.origin_region, sink=p.out):
-            self.metrics.migrations.inc_labels("already_complete" if done_before else "ok")
-            await self.relay.finish(p.out, st)
-            self.metrics.responses.inc_labels("200")
-            return
+        for _ in range(self.max_attempts):
+            if not candidates:
+                break
+            w = min(candidates, key=lambda c: (c.load, c.name))
+            if await self.relay.continue_on([w], st, model=req.model, ignore_eos=req.ignore_eos,
+                                            origin=ctx.origin_region, sink=p.out):
+                self.metrics.migrations.inc_labels("already_complete" if done_before else "ok")
+                await self.relay.finish(p.out, st)
+                self.metrics.responses.inc_labels("200")
+                return
+            tried.add(w.name)
+            candidates = self.chooser.eligible(req.model, ctx.residency, tried)
         self.metrics.migrations.inc_labels("failed")
         await self.relay.fail(p.out, 502, f"worker failed mid-stream ({why}); migration failed too")
 

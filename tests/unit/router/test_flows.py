@@ -147,6 +147,26 @@ async def test_migration_stays_in_the_residency_region_or_ends_the_stream_with_a
     assert not upstream.to("http://u0") and r.metrics.migrations.value("failed") == 1
 
 
+async def test_a_stream_cut_twice_goes_on_where_the_cluster_stands_then(
+        make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
+    ws = workers(3)
+    r = await make_router(ws, policy="round_robin")
+    ws[2].draining = True  # not eligible when the stream is first cut (a replacement joining, say)
+    upstream.engine("http://w0", lambda s: Answer(200, [*token_events([10], finish=False), UpstreamError("reset")]))
+
+    def w1(sent: Sent) -> Answer:
+        ws[2].draining = False  # eligible by the time w1 breaks too
+        return Answer(200, [*token_events([11], finish=False), UpstreamError("reset")])
+
+    upstream.engine("http://w1", w1)
+    upstream.engine("http://w2", tokens(12, 13, usage=6))
+    out = FakeClient()
+    await vclock.run(r.completions(call(streamed([1, 2, 3], 4)), out))
+    assert out.token_ids() == [10, 11, 12, 13] and out.events()[-1] == "[DONE]"
+    assert upstream.to("http://w2")[0].body["prompt"] == [1, 2, 3, 10, 11]
+    assert r.metrics.migrations.value("ok") == 1
+
+
 async def test_a_client_that_leaves_aborts_the_engines_request(
         make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
     ws = workers(1)
