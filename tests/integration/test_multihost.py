@@ -1,8 +1,11 @@
 """Three hosts on one machine (the namespace harness), one Ray cluster with token auth: the prefill engine on
 host1, the decode engine on host2, the router on host3; a trace replayed with KV crossing hosts over tcp.
+Then host-level faults through the chaos schedule (``run_cluster.py chaos --hosts-run-dir``): host2's link
+down and up again, then host2 lost (raylet and every actor), with the history checker on the run.
 
-The driver (``cluster.hosts.trial``) runs on host1 as a user would run ``run_cluster.py ... --address``;
-this test, outside every namespace, reads its report. Needs root (skips, saying so, without it).
+The drivers (``cluster.hosts.trial``, ``run_cluster.py chaos``) run on host1 as a user would run
+``run_cluster.py ... --address``; this test, outside every namespace, reads their reports. Needs root (skips,
+saying so, without it). The host-fault tests come last: host2 is gone after them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from cluster.hosts.harness import Harness, HarnessState, HarnessUnavailable, check_available
+from cluster.hosts.trial import host_chaos as run_host_chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -45,7 +49,7 @@ def hosts() -> Iterator[tuple[Harness, HarnessState]]:
 
 def trial(h: Harness, st: HarnessState, *extra: str) -> dict[str, Any]:
     argv = h.exec_argv(st, "host1", [sys.executable, "-m", "cluster.hosts.trial", "--config", str(SPEC),
-                                     "--address", st.head_address, "--run-dir", str(h.run_dir), *extra])
+                                     "--address", st.head_address, *extra])
     p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -79,3 +83,45 @@ def test_prefill_decode_and_router_on_three_hosts_replay_with_every_token_and_bl
     assert r["blocks_returned"], r["load"]  # every engine has every KV block free again
     moved = r["transfers"]["p"]  # KV pushed from host1 to host2 for (nearly) every request
     assert moved["transfers"] + moved["failures"] >= 12 and moved["transfers"] >= 10 and moved["bytes_real"] > 0
+
+
+HEAL_S, KILL_S = 6.0, 14.0
+"""Emulated s of the schedule: host2's link down at 2 s for 4 s (Ray's node survives: its health check
+allows ~15 s), host2 lost at 14 s, while the trace (3 requests/s for ~18 s) goes on."""
+SCHEDULE = f"""name: host-faults
+events:
+- {{kind: partition, at_s: 2.0, host: host2, duration_s: {HEAL_S - 2.0}}}
+- {{kind: kill_node, at_s: {KILL_S}, node: decode-node}}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_chaos(hosts: tuple[Harness, HarnessState]) -> dict[str, Any]:
+    """One chaos run with both host-level faults (sharing one cluster launch keeps the module short)."""
+    h, st = hosts
+    return run_host_chaos(h, st, SPEC, SCHEDULE, h.run_dir / "chaos", requests=54, rate=3)
+
+
+def test_a_host_partition_heals_and_the_cluster_serves_again(host_chaos: dict[str, Any]) -> None:
+    s, records = host_chaos["summary"], host_chaos["records"]
+    link = [e for e in s["events"] if e["kind"] == "partition"]
+    assert [(e["what"], e["outcome"]) for e in link] == [("host host2: link down", "done"),
+                                                         ("host host2: link up", "done")], link
+    assert s["checker"]["ok"], s["checker"]  # every request one terminal state, no token lost or repeated
+    healed_at_ms = max(e["done_s"] for e in link) * 1000.0
+    after_heal = [r for r in records if healed_at_ms + 1000.0 <= r["sent_ms"] and r["finished_ms"] is not None
+                  and r["finished_ms"] < KILL_S * 1000.0]
+    assert after_heal, "no request was sent and finished between the heal and the kill"
+    assert all(r["status"] == "ok" and r["output_tokens"] == r["expected_output_len"] for r in after_heal), after_heal
+
+
+def test_a_host_killed_through_the_chaos_schedule_loses_its_engines_and_every_request_ends(
+        host_chaos: dict[str, Any]) -> None:
+    s, records = host_chaos["summary"], host_chaos["records"]
+    (kill,) = [e for e in s["events"] if e["kind"] == "kill_node"]
+    assert kill["outcome"] == "done" and kill["killed"] == ["d"], kill
+    assert s["dead_engines"] == ["d"]
+    assert s["checker"]["ok"], s["checker"]  # including: the surviving prefill engine has every block back
+    assert len(records) == 54 and s["checker"]["requests"] == 54
+    late = [r for r in records if r["sent_ms"] > kill["done_s"] * 1000.0 + 1000.0]
+    assert late and all(r["status"] != "ok" for r in late)  # the only decode host is gone: refused, not hung
