@@ -152,17 +152,20 @@ class Delivery:
             if len(into) != len(self.blocks):
                 raise ValueError(f"{len(into)} destination buffers for {len(self.blocks)} blocks")
             out = []
+            append, over = out.append, Block.over
             for b, dst in zip(self.blocks, into, strict=True):
                 payload = b.payload
+                view = dst if type(dst) is memoryview else memoryview(dst)
+                if view.ndim != 1 or view.format != "B":
+                    view = as_bytes_view(view)
                 n = payload.nbytes
-                view = as_bytes_view(dst)
                 if view.nbytes != n:
                     view = view[:n]
-                if view.nbytes < n or view.readonly:
+                if view.readonly or view.nbytes < n:
                     raise ValueError(f"destination for block {b.block_id} is read-only or smaller than "
                                      f"{n} bytes")
                 view[:] = payload  # memoryview assignment: a memcpy with less call overhead than numpy's
-                out.append(b.over(view))
+                append(over(b, view))
         self.release()
         return out
 

@@ -20,38 +20,55 @@ class Inbox:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[RequestId, dict[tuple[int, tuple[int, int]], tuple[Block, Releasable | None]]] = {}
+        self._entries: dict[RequestId, dict[tuple[int, tuple[int, int]], Block]] = {}
+        self._leases: dict[RequestId, dict[tuple[int, tuple[int, int]], Releasable]] = {}
+        """The buffers holding some of ``_entries``' blocks (same keys); absent for requests without any."""
         self._changed: dict[RequestId, asyncio.Event] = {}
         self._closed = False
 
     def deliver(self, request_id: RequestId, blocks: Sequence[Block],
                 leases: Sequence[Releasable | None] = ()) -> None:
         """Register ``blocks`` (with ``leases[i]`` holding ``blocks[i]``, if any) in one step."""
-        held = list(leases) + [None] * (len(blocks) - len(leases))
         if self._closed:
-            for lease in held:
+            for lease in leases:
                 if lease is not None:
                     lease.release()
             return
-        table = self._entries.setdefault(request_id, {})
-        for b, lease in zip(blocks, held, strict=True):
-            old = table.get((b.block_id, b.layers))
-            if old is not None and old[1] is not None:
-                old[1].release()
-            table[(b.block_id, b.layers)] = (b, lease)
+        table = self._entries.get(request_id)
+        if table is None:
+            table = self._entries[request_id] = {}
+        held = self._leases.get(request_id)
+        if held is None and all(lease is None for lease in leases):  # nothing to release now or on replacement
+            table.update({(b.block_id, b.layers): b for b in blocks})
+        else:
+            if held is None:
+                held = self._leases[request_id] = {}
+            for i, b in enumerate(blocks):
+                key = (b.block_id, b.layers)
+                old = held.pop(key, None)
+                if old is not None:
+                    old.release()
+                table[key] = b
+                lease = leases[i] if i < len(leases) else None
+                if lease is not None:
+                    held[key] = lease
         ev = self._changed.get(request_id)
         if ev is not None:
             ev.set()
 
     def count(self, request_id: RequestId) -> int:
-        return len(self._entries.get(request_id, ()))
+        table = self._entries.get(request_id)
+        return 0 if table is None else len(table)
 
     def total_blocks(self) -> int:
         return sum(len(v) for v in self._entries.values())
 
     def take(self, request_id: RequestId) -> Delivery:
-        table = self._entries.pop(request_id, {})
-        return Delivery([b for b, _ in table.values()], [lease for _, lease in table.values() if lease is not None])
+        table = self._entries.pop(request_id, None)
+        if table is None:
+            return Delivery([])
+        held = self._leases.pop(request_id, None)
+        return Delivery(list(table.values()), () if held is None else list(held.values()))
 
     async def wait(self, request_id: RequestId, count: int) -> Delivery:
         """Wait (no deadline here: the caller's scope has it) until ``count`` blocks are in, then take them."""
