@@ -13,6 +13,7 @@ first token no earlier than its arrival.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from actors.cost_model import EmpiricalCostModel
 from actors.engine.engine import Engine, EngineConfig, RequestStream
@@ -32,41 +33,42 @@ async def tokens(stream: RequestStream) -> int:
     return sum([len(ev.token_ids) async for ev in stream])
 
 
-async def test_an_idle_engine_admits_a_head_queued_ahead_of_an_earlier_arrival() -> None:
+async def served(scenario: Callable[[Engine, VirtualClock], Awaitable[list[RequestStream]]]) -> list[int]:
+    """Tokens each stream of ``scenario`` got on a fresh engine (a deadlock fails the run); no block leaked."""
     clock = VirtualClock()
     eng = engine(clock)
     eng.start()
 
-    async def scenario() -> list[int]:
-        await clock.sleep_for(10.0)
-        late = eng.submit(list(range(100, 200)), 5, ignore_eos=True, arrival_ms=9.0)  # small body, read first
-        early = eng.submit(list(range(300, 400)), 5, ignore_eos=True, arrival_ms=4.0)
-        out = list(await asyncio.gather(tokens(late), tokens(early)))
-        assert late.seq.first_token_ms is not None and late.seq.first_token_ms > 9.0
-        assert early.seq.first_token_ms is not None and early.seq.first_token_ms > 4.0
+    async def run() -> list[int]:
+        streams = await scenario(eng, clock)
+        out = list(await asyncio.gather(*(tokens(s) for s in streams)))
+        for s in streams:
+            assert s.seq.first_token_ms is not None and s.seq.first_token_ms > s.seq.arrival_ms
         return out
 
     try:
-        assert await clock.run(scenario(), limit_ms=10_000) == [5, 5]
+        return await clock.run(run(), limit_ms=10_000)
     finally:
         await eng.stop()
-    assert eng.kv.pool.num_free == eng.cfg.num_blocks
+        assert eng.kv.pool.num_free == eng.cfg.num_blocks
+
+
+async def test_an_idle_engine_admits_a_head_queued_ahead_of_an_earlier_arrival() -> None:
+    async def scenario(eng: Engine, clock: VirtualClock) -> list[RequestStream]:
+        await clock.sleep_for(10.0)
+        return [eng.submit(list(range(100, 200)), 5, ignore_eos=True, arrival_ms=9.0),  # small body, read first
+                eng.submit(list(range(300, 400)), 5, ignore_eos=True, arrival_ms=4.0)]
+
+    assert await served(scenario) == [5, 5]
 
 
 async def test_requests_queued_behind_such_a_head_are_served_too() -> None:
-    clock = VirtualClock()
-    eng = engine(clock)
-    eng.start()
-
-    async def scenario() -> list[int]:
+    async def scenario(eng: Engine, clock: VirtualClock) -> list[RequestStream]:
         await clock.sleep_for(50.0)
         streams = [eng.submit(list(range(100, 200)), 3, ignore_eos=True, arrival_ms=40.0),
                    eng.submit(list(range(300, 400)), 3, ignore_eos=True, arrival_ms=20.0)]
         await clock.sleep_for(30.0)  # later arrivals wake the engine: each must find it admitting
-        streams += [eng.submit(list(range(500 + 100 * k, 600 + 100 * k)), 3, ignore_eos=True) for k in range(3)]
-        return list(await asyncio.gather(*(tokens(s) for s in streams)))
+        return streams + [eng.submit(list(range(500 + 100 * k, 600 + 100 * k)), 3, ignore_eos=True)
+                          for k in range(3)]
 
-    try:
-        assert await clock.run(scenario(), limit_ms=10_000) == [3] * 5
-    finally:
-        await eng.stop()
+    assert await served(scenario) == [3] * 5
