@@ -50,6 +50,9 @@ EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
 }
 """(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
 SEED = 12
+FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
+                   "moe_fp8")
+"""``Efficiency`` fields fitted on op tables (the all-reduce fits by GPU count besides)."""
 
 
 @dataclass(frozen=True)
@@ -125,17 +128,20 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
 
 
-def _attention(root: Path, hw: HardwareProfile, prefill: bool) -> OpSamples | None:
+def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "bfloat16") -> OpSamples | None:
+    """Attention rows with a ``kv_dtype`` cache (``bfloat16`` or ``fp8``), full (no sliding window)."""
     ver = _latest(root / "attention" / "vllm")
     t = _table(ver, "context_attention_perf.parquet" if prefill else "generation_attention_perf.parquet")
     if t is None:
         return None
-    mask = t["kv_cache_dtype"] == "bfloat16"
+    mask = t["kv_cache_dtype"] == kv_dtype
     if "window_size" in t:
         mask &= t["window_size"] == 0
+    if not np.any(mask):
+        return None
     t = _where(t, mask)
     b, h, kvh, d = (t[c].astype(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
-    kv_bytes = 2 * kvh * d * ACTIVATION_BYTES  # per token, one layer
+    kv_bytes = 2 * kvh * d * (1 if kv_dtype == "fp8" else ACTIVATION_BYTES)  # per token, one layer
     if prefill:
         s = t["isl"].astype(float)
         flops = (4 * d + SCORE_FLOPS) * h * b * s * (s + 1) / 2
@@ -148,7 +154,7 @@ def _attention(root: Path, hw: HardwareProfile, prefill: bool) -> OpSamples | No
         nbytes = b * ctx * kv_bytes + 2 * b * h * d * ACTIVATION_BYTES
         size = b
         width = b * kvh
-    family = "attention_prefill" if prefill else "attention_decode"
+    family = ("attention_prefill" if prefill else "attention_decode") + ("_fp8" if kv_dtype == "fp8" else "")
     return _samples(family, f"{family} vLLM {ver.name if ver else '?'}", flops, nbytes, size, t,
                     hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width)
 
@@ -205,6 +211,7 @@ def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
         "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8"),
         "attention_prefill": lambda: _attention(gpu_dir, hw, True),
         "attention_decode": lambda: _attention(gpu_dir, hw, False),
+        "attention_decode_fp8": lambda: _attention(gpu_dir, hw, False, "fp8"),
         "moe": lambda: _moe(gpu_dir, hw, "bfloat16", "moe"),
         "moe_fp8": lambda: _moe(gpu_dir, hw, "fp8", "moe_fp8"),
     }
@@ -347,6 +354,8 @@ class OpFitResult:
 def _family_fit(eff: Efficiency, family: str) -> OpFit:
     if family.startswith("allreduce_"):
         return eff.allreduce_fit(int(family.split("_")[1]))
+    if family == "attention_decode_fp8":
+        return eff.decode_attention("fp8")
     fit: OpFit = getattr(eff, family)
     return fit
 
@@ -365,12 +374,11 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
     for fam, s in samples.items():
         if (hw_name, fam) in EXCLUDED_TABLES:
             src = EXCLUDED_TABLES[(hw_name, fam)][0]
-            fits[fam] = getattr((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
+            fits[fam] = _family_fit((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
         else:
             fits[fam] = fit_op(s)
     base = hw.efficiency
-    upd: dict[str, object] = {fam: fits[fam] for fam in ("gemm", "gemm_fp8", "attention_prefill",
-                                                         "attention_decode", "moe", "moe_fp8") if fam in fits}
+    upd: dict[str, object] = {fam: fits[fam] for fam in FITTED_FAMILIES if fam in fits}
     for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):
         if fp8 not in upd and b16 in upd:
             upd[fp8] = upd[b16]
@@ -431,8 +439,10 @@ def _fit_line(key: str, fit: OpFit, indent: str) -> str:
 
 def _efficiency_block(eff: Efficiency) -> list[str]:
     lines = ["  efficiency:"]
-    for fam in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe", "moe_fp8"):
-        lines.append(_fit_line(fam, getattr(eff, fam), "    "))
+    for fam in FITTED_FAMILIES:
+        fit = getattr(eff, fam)
+        if fit is not None:
+            lines.append(_fit_line(fam, fit, "    "))
     lines.append("    allreduce:")
     for n, fit in sorted(eff.allreduce.items()):
         lines.append(_fit_line(str(n), fit, "      "))

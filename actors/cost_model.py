@@ -11,7 +11,8 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
   ``[T, 2 inter/tp, hidden]``, down ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
   bytes = weights + activations in and out.
 - Attention (``attention_prefill``): causal (query, key) pairs of the chunks x heads x (4 x head_dim +
-  ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``): every decode's context KV read.
+  ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``, ``attention_decode_fp8`` over an
+  fp8 cache, fitted on its own rows): every decode's context KV read.
 - Fused MoE (``moe``/``moe_fp8``): top-k token-expert pairs, the expected distinct experts' weights read;
   with expert parallelism (EP) each rank holds ``experts / ep`` and sees the tokens of every DP rank,
   gathered before and reduce-scattered after the experts across the node link.
@@ -202,6 +203,7 @@ class RooflineCostModel:
         fp8 = model.gemm_dtype in ("fp8", "fp4", "int4")
         self._gemm: OpFit = eff.gemm_fp8 if fp8 else eff.gemm
         self._moe: OpFit = eff.moe_fp8 if fp8 else eff.moe
+        self._decode_attn: OpFit = eff.decode_attention(model.kv_dtype)
         self._wb = dtype_bytes(model.weight_dtype)
         self._gemm_flops = hardware.tflops(model.gemm_dtype) * 1e9  # FLOP per ms
         self._attn_flops = hardware.tflops("bf16") * 1e9
@@ -257,7 +259,7 @@ class RooflineCostModel:
         if shape.decode_seqs:
             flops = self._attn_flops_pair * shape.decode_context
             nbytes = shape.decode_context * self._kv_bytes_layer + 2 * shape.decode_seqs * self._q * ACTIVATION_BYTES
-            t += self.eff.attention_decode.ms(flops, nbytes, shape.decode_seqs, self._attn_flops, self._hbm,
+            t += self._decode_attn.ms(flops, nbytes, shape.decode_seqs, self._attn_flops, self._hbm,
                                               shape.decode_seqs * self._kv_heads)
         return t
 

@@ -120,6 +120,11 @@ class Efficiency(Frozen):
     """fp8 GEMMs with per-token activation quantization (vLLM's cutlass scaled_mm)."""
     attention_prefill: OpFit = OpFit()
     attention_decode: OpFit = OpFit()
+    """Decode attention over a 16-bit KV cache."""
+    attention_decode_fp8: OpFit | None = None
+    """Decode attention over an fp8 KV cache, fitted on its own rows: the kernels dequantize the cache on the
+    fly, so halving the bytes does not halve the time (H200: fp8 rows take 0.89x the bf16 rows' time on
+    >= 256 MB of bf16 KV, H100 0.66x, B200 0.56x, L40S 0.51x). None: ``attention_decode`` at the fp8 bytes."""
     moe: OpFit = OpFit()
     """vLLM's fused MoE (Triton), 16-bit."""
     moe_fp8: OpFit = OpFit()
@@ -135,6 +140,12 @@ class Efficiency(Frozen):
     run outside the graphs), BLIS: 32.1 us per layer."""
     fitted_on: str = "defaults"
     """Where these values come from."""
+
+    def decode_attention(self, kv_dtype: str) -> OpFit:
+        """The decode-attention fit for a KV cache of ``kv_dtype``: the fp8 one where fitted."""
+        if kv_dtype in ("fp8", "int8") and self.attention_decode_fp8 is not None:
+            return self.attention_decode_fp8
+        return self.attention_decode
 
     def allreduce_fit(self, gpus: int) -> OpFit:
         return self.allreduce[min(self.allreduce, key=lambda n: (abs(n - gpus), n))]
