@@ -261,14 +261,14 @@ def quality_spec(policy: str) -> ClusterSpec:
 
 
 def replay_summary(url: str, trace: Any, name: str, speed: float, slos: dict[str, float],
-                   time_scale: float = 1.0) -> dict[str, Any]:
+                   time_scale: float = 1.0, folder: Path | None = None) -> dict[str, Any]:
     from cluster.loadtest.client import ClientConfig
     from cluster.loadtest.replay import ReplayConfig
     from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
 
     cfg = LoadTestConfig(name=name, replay=ReplayConfig(speed=speed), slos=slos, progress=False, plots=False,
                          client=ClientConfig(model="llama-3.1-8b", prompt_format="text", time_scale=time_scale))
-    return run_sync(run_loadtest(url, trace, cfg, out_root=None)).summary
+    return run_sync(run_loadtest(url, trace, cfg, out_root=None, folder=folder)).summary
 
 
 def quality(sgl_py: str | None, seconds: float, speed: float,
@@ -303,17 +303,22 @@ def quality(sgl_py: str | None, seconds: float, speed: float,
 
 
 def prefix_hits(h: ClusterHandle) -> float:
+    q = sum(engine_counters(h, "vllm:prefix_cache_queries_total").values())
+    hit = sum(engine_counters(h, "vllm:prefix_cache_hits_total").values())
+    return hit / q if q else 0.0
+
+
+def engine_counters(h: ClusterHandle, name: str) -> dict[str, float]:
+    """One counter summed over its labels, per engine, from the engines' own ``/metrics`` (so whatever
+    router is in front, including sgl-router, which names no worker in its responses)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    q = hit = 0.0
-    for url in h.engine_urls.values():
+    out: dict[str, float] = {}
+    for engine, url in h.engine_urls.items():
+        out[engine] = 0.0
         for fam in text_string_to_metric_families(urllib.request.urlopen(url + "/metrics").read().decode()):
-            for s in fam.samples:
-                if s.name == "vllm:prefix_cache_queries_total":
-                    q += s.value
-                elif s.name == "vllm:prefix_cache_hits_total":
-                    hit += s.value
-    return hit / q if q else 0.0
+            out[engine] += sum(s.value for s in fam.samples if s.name == name)
+    return out
 
 
 # -- prefix-heavy sweep ----------------------------------------------------------------------------------
@@ -355,26 +360,32 @@ def prefix_workload(ratio: float, n: int, rate: float, seed: int, offset: int) -
 
 
 def prefix_heavy(sgl_py: str | None, ratios: list[float], n: int, rate: float,
-                 policies: tuple[str, ...] = PREFIX_POLICIES) -> dict[str, Any]:
+                 policies: tuple[str, ...] = PREFIX_POLICIES, seed_shift: int = 0,
+                 records: Path | None = None) -> dict[str, Any]:
+    """The sweep; ``seed_shift`` moves every point's workload seed (default: the ratio x 100), ``records``
+    keeps each run's folder (per-request records, which worker served each) under it."""
     from cluster.loadtest.session import LoadTestConfig
 
     slos = {"ttft": 1000.0, "tpot": 50.0}
     threshold = LoadTestConfig(name="x").step_lag_threshold_ms
     out: dict[str, Any] = {"engine_kv_tokens": PREFIX_ENGINE_BLOCKS * 16, "prefix_len": PREFIX_LEN,
                            "requests": n, "rate_rps": rate, "slos_ms": slos, "time_scale": PREFIX_TIME_SCALE,
-                           "step_lag_threshold_ms": threshold}
+                           "step_lag_threshold_ms": threshold, "seed_shift": seed_shift}
     for ratio in ratios:
         row: dict[str, Any] = {}
         for k, policy in enumerate(p for p in policies if p != "sglang-router" or sgl_py):
-            trace, num_prefixes = prefix_workload(ratio, n, rate, seed=int(ratio * 100), offset=k * 10_000_000)
+            trace, num_prefixes = prefix_workload(ratio, n, rate, seed=int(ratio * 100) + seed_shift,
+                                                  offset=k * 10_000_000)
             row["num_prefixes"] = num_prefixes
             with launch(prefix_spec(policy)) as h:
                 sgl = SGLangRouter(sgl_py, list(h.engine_urls.values())) if policy == "sglang-router" and sgl_py \
                     else None
                 try:
                     s = replay_summary(sgl.url if sgl else h.router_url, trace, f"prefix-{policy}", 1.0, slos,
-                                       PREFIX_TIME_SCALE)
+                                       PREFIX_TIME_SCALE,
+                                       records / f"x{ratio:g}-s{seed_shift}-{policy}" if records else None)
                     hits = prefix_hits(h)
+                    served = engine_counters(h, "vllm:request_success_total")
                 finally:
                     if sgl is not None:
                         sgl.stop()
@@ -384,6 +395,7 @@ def prefix_heavy(sgl_py: str | None, ratios: list[float], n: int, rate: float,
                            "ttft_mean_ms": ttft.get("mean"), "ttft_p50_ms": ttft.get("p50"),
                            "ttft_p99_ms": ttft.get("p99"), "goodput_rps": s.get("request_goodput"),
                            "completed": s["completed"], "failed": s["failed"], "step_lag_ms": lag,
+                           "requests_per_engine": sorted(int(v) for v in served.values()),
                            "trusted": lag.get("p99") is not None and float(lag["p99"]) <= threshold}
             print(f"prefix x{ratio} {policy}: {row[policy]}", flush=True)
         if "kv_aware" in row and "sglang-router" in row:
@@ -485,6 +497,11 @@ def main() -> None:
                    help="prefix part: working set / one engine's KV cache, per sweep point (comma-separated)")
     p.add_argument("--prefix-requests", type=int, default=300, help="prefix part: requests per run")
     p.add_argument("--prefix-rate", type=float, default=10.0, help="prefix part: arrivals per emulated second")
+    p.add_argument("--prefix-policies", default=",".join(PREFIX_POLICIES),
+                   help="prefix part: routers compared (comma-separated; sglang-router is sgl-router's cache_aware)")
+    p.add_argument("--prefix-seed", type=int, default=0, help="prefix part: added to every point's workload seed")
+    p.add_argument("--records", type=Path, default=None,
+                   help="prefix part: keep each run's folder (per-request records) under this directory")
     p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
                    help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
@@ -502,7 +519,8 @@ def main() -> None:
         if "prefix" in parts:
             ratios = [2.0] if args.quick else [float(r) for r in args.ratios.split(",")]
             result["prefix"] = prefix_heavy(sgl_py, ratios, 60 if args.quick else args.prefix_requests,
-                                            args.prefix_rate)
+                                            args.prefix_rate, tuple(args.prefix_policies.split(",")),
+                                            args.prefix_seed, args.records)
         if not args.quick and "regions" in parts:
             result["regions"] = regions(False)
         if "profile" in parts:

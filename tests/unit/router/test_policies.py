@@ -266,3 +266,33 @@ def test_breaker_opens_and_half_opens() -> None:
     assert not b.allows(2.0) and b.allows(6.5)
     b.success()
     assert b.state == "closed"
+
+
+def test_kv_aware_breaks_near_ties_on_a_miss_by_the_blocks_each_worker_computed() -> None:
+    # A new prefix makes its worker the prefix's home. w0 already computed two prefixes, w1 one; w1 is
+    # finishing a decode (137 blocks in use, less than this request's footprint of 136 + 2 blocks).
+    ws = [WorkerInfo(WorkerId(f"w{i}"), f"http://w{i}", num_blocks=1000, free_blocks=1000) for i in range(2)]
+    p = make_policy("kv_aware")
+    for w, prefix in ((ws[0], 1), (ws[0], 2), (ws[1], 3)):
+        p.on_routed(w, ctx(block_hashes=[prefix * 1000 + i for i in range(136)], overlap={}))
+    for w in ws:
+        w.pending_blocks = 0
+    ws[1].free_blocks = 1000 - 137
+    miss = ctx(body={"max_tokens": 32}, block_hashes=list(range(136)), overlap={})
+    assert names(make_policy("kv_aware").rank(ws, miss, ClusterView(ws))) == ["w0", "w1"]  # by cost alone
+    assert names(p.rank(ws, miss, ClusterView(ws))) == ["w1", "w0"]  # near tie: w1 computed less
+    assert names(make_policy("kv_aware", params={"near_tie_requests": 0}).rank(ws, miss, ClusterView(ws)))[0] == "w0"
+    ws[1].free_blocks = 1000 - 139  # more than one request's footprint of decode: cost decides again
+    assert names(p.rank(ws, miss, ClusterView(ws))) == ["w0", "w1"]
+    # A hit is never traded for balance: the near tie needs the same overlap.
+    ws[1].free_blocks = 1000
+    hit = ctx(body={"max_tokens": 32}, block_hashes=list(range(136)), overlap={WorkerId("w0"): 128})
+    assert names(p.rank(ws, hit, ClusterView(ws)))[0] == "w0"
+
+
+def test_kv_aware_footprint_counts_prompt_and_max_tokens_blocks() -> None:
+    from cluster.router.policies.kv_aware import footprint_blocks
+
+    assert footprint_blocks(ctx(body={"max_tokens": 33}, block_hashes=list(range(10))), 16) == 13
+    for bad in (None, "7", True, -1):
+        assert footprint_blocks(ctx(body={"max_tokens": bad}, block_hashes=list(range(10))), 16) == 10
