@@ -18,6 +18,9 @@ MAX_STAGED_PER_CONNECTION = 4096
 YIELD_BYTES = 256 * 1024
 """A transfer yields to others on its connection after each this many payload bytes (not after every
 frame: small frames queued in one loop iteration go out together, in one write or one UCX message)."""
+SMALL_PUSH = 64 * 1024
+"""A push of one block at most this large, without a gate, takes the small-push fast path (see
+:meth:`transport.session_client.Client.push_small`)."""
 
 
 class Handler(Protocol):
@@ -40,6 +43,11 @@ class Connection(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool:
+        """True when a frame may be sent now: alive and ``drain`` would not wait."""
+        ...
 
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None: ...

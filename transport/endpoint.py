@@ -26,7 +26,7 @@ class within:
 
     __slots__ = ("_deadline_ms", "_timeout", "_what")
 
-    def __init__(self, clock: ClockLike, deadline_ms: float, what: str) -> None:
+    def __init__(self, clock: ClockLike, deadline_ms: float, what: object) -> None:
         self._deadline_ms = deadline_ms
         self._what = what
         self._timeout = asyncio.timeout(max(0.0, clock.to_wall_s(deadline_ms - clock.now_ms())))
@@ -44,7 +44,7 @@ class within:
         if isinstance(e, TimeoutError):
             raise TransferTimeout(f"{self._what}: missed its deadline ({self._deadline_ms:.3f} emulated ms)") from e
         if isinstance(e, (OSError, EOFError)) or type(e).__name__.startswith("UCX"):
-            raise translate(e, self._what) from e
+            raise translate(e, str(self._what)) from e
 
 
 class EndpointBase:
@@ -128,6 +128,13 @@ class ByteBudget:
                 self.used -= n  # granted while being cancelled: give it back
                 self._wake()
             raise
+
+    def try_acquire(self, n: int) -> bool:
+        """Take ``n`` bytes now if that needs no wait (nobody queued, room left); False otherwise."""
+        if not self._waiters and self._fits(n):
+            self.used += n
+            return True
+        return False
 
     def _fits(self, n: int) -> bool:
         return self.used + n <= self.capacity or self.used == 0

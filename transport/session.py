@@ -56,7 +56,7 @@ from transport.base import (
     TransportOptions,
     TransportStats,
 )
-from transport.connection import MAX_STAGED_PER_CONNECTION, YIELD_BYTES, Connection, Handler
+from transport.connection import MAX_STAGED_PER_CONNECTION, SMALL_PUSH, YIELD_BYTES, Connection, Handler
 from transport.endpoint import EndpointBase, within
 from transport.frame import (
     Limits,
@@ -67,6 +67,20 @@ from transport.session_server import Server, Staged
 
 __all__ = ["MAX_STAGED_PER_CONNECTION", "YIELD_BYTES", "Client", "Connection", "FramedTransport", "Handler",
            "Pending", "Progress", "Server", "Staged"]
+
+
+class Described:
+    """What a call is, as its error messages name it ("tcp push 'r1' to tcp://...#n@r"), formatted only when an
+    error needs it (formatting an address costs as much as a small push's other bookkeeping)."""
+
+    __slots__ = ("address", "backend", "op", "preposition", "request_id")
+
+    def __init__(self, backend: str, op: str, request_id: RequestId, preposition: str, address: Address) -> None:
+        self.backend, self.op, self.request_id, self.preposition, self.address = (
+            backend, op, request_id, preposition, address)
+
+    def __str__(self) -> str:
+        return f"{self.backend} {self.op} {self.request_id!r} {self.preposition} {self.address}"
 
 
 class FramedTransport(EndpointBase):
@@ -137,11 +151,24 @@ class FramedTransport(EndpointBase):
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
         self._check_open()
-        what = f"{self.name} push {request_id!r} to {address}"
+        what = Described(self.name, "push", request_id, "to", address)
         start = self.clock.now_ms()
         dl = self.deadline(deadline_ms)
-        expires_at = time.time() + self.clock.to_wall_s(dl - start)
+        timeout_s = self.clock.to_wall_s(dl - start)
+        expires_at = time.time() + timeout_s
         progress = Progress()
+        if gate is None and len(blocks) == 1 and blocks[0].payload.nbytes <= SMALL_PUSH:
+            client = self._clients.get(address.location)
+            conn = None if client is None else client.conn
+            if (client is not None and conn is not None and conn.ready
+                    and client.budget.try_acquire(blocks[0].payload.nbytes)):
+                try:
+                    wall = await client.push_small(request_id, blocks[0], expires_at, progress, max(0.0, timeout_s),
+                                                   what)
+                except TransportError as e:
+                    e.maybe_delivered = progress.unknown
+                    raise
+                return self._record("push", request_id, address.site, blocks, start, wall)
         try:
             async with within(self.clock, dl, what):
                 client = await self._client(address)
@@ -154,7 +181,7 @@ class FramedTransport(EndpointBase):
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
                    deadline_ms: float | None = None, on_size: SizeHook | None = None) -> Delivery:
         self._check_open()
-        what = f"{self.name} pull {request_id!r} from {address}"
+        what = Described(self.name, "pull", request_id, "from", address)
         start = self.clock.now_ms()
         async with within(self.clock, self.deadline(deadline_ms), what):
             client = await self._client(address)

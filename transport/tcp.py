@@ -136,6 +136,10 @@ class FrameConnection(asyncio.BufferedProtocol):
     def alive(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
 
+    @property
+    def ready(self) -> bool:
+        return self._can_write.is_set() and self.transport is not None and not self.transport.is_closing()
+
     def fail(self, err: FrameError) -> None:
         """A protocol violation: close this connection (only this one)."""
         if self._failed:

@@ -154,6 +154,10 @@ class UcxConnection:
     def alive(self) -> bool:
         return not self._closed
 
+    @property
+    def ready(self) -> bool:
+        return not self._closed and self._space.is_set()
+
     # -- sending ---------------------------------------------------------------------------------
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None:

@@ -223,6 +223,34 @@ async def test_deadlines_leave_nothing_staged(pair, clock: Clock) -> None:
     await server.wait_closed()
 
 
+async def test_small_pushes_keep_every_guarantee_on_the_fast_path(pair, clock: Clock) -> None:
+    """One-block pushes without a gate go as one frame and one future: same delivery, typed deadline
+    misses flagged maybe-delivered, cancellation that leaves nothing pending."""
+    a, b, addr = pair
+    small = blocks(1, 4096, seed=3)
+    for i in range(3):  # the first opens the connection, the rest reuse it
+        await a.push(addr, RequestId(f"s{i}"), small)
+        with await b.receive(RequestId(f"s{i}")) as got:
+            assert same(got.blocks, small)
+    assert a.connects == 1
+
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+    mute = Address("tcp", f"127.0.0.1:{server.sockets[0].getsockname()[1]}", B)
+    for _ in range(2):  # connecting, then on the open connection
+        with pytest.raises(TransferTimeout) as missed:
+            await a.push(mute, R, small, deadline_ms=clock.now_ms() + 50)
+        assert missed.value.maybe_delivered and "missed its deadline" in str(missed.value)
+    stuck = asyncio.ensure_future(a.push(mute, R, small))
+    await asyncio.sleep(0.01)
+    stuck.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stuck
+    assert a.stats().pending == 0 and a.pool.leases == 0
+    a.abort_connections(mute)
+    server.close()
+    await server.wait_closed()
+
+
 async def test_cancellation_returns_every_buffer(pair) -> None:
     a, b, addr = pair
     big = blocks(16, 1_000_000)
