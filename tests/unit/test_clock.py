@@ -6,6 +6,8 @@ import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.clock import Clock, LagRecorder, Waker
 
@@ -69,6 +71,21 @@ def test_lag_recorder_percentiles_and_bound() -> None:
     assert r.count == 1000 and r.max_ms == 99.0
     assert r.percentile(50) == pytest.approx(50.0, abs=1)
     assert len(r._buf) == 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(lags=st.lists(st.floats(0, 1e4), max_size=60), capacity=st.integers(1, 20))
+def test_lag_recorder_percentiles_are_the_sorted_recent_window(lags: list[float], capacity: int) -> None:
+    r = LagRecorder(capacity)
+    for x in lags:
+        r.add(x)
+    window = sorted(lags[-capacity:])
+    for q in (0, 50, 99, 100):
+        want = window[min(len(window) - 1, max(0, round(q / 100 * (len(window) - 1))))] if window else 0.0
+        assert r.percentile(q) == want
+    assert r.summary()["p99"] == r.percentile(99) and r.count == len(lags)
+    r.reset()
+    assert r.percentile(99) == 0.0 and r.count == 0
 
 
 @pytest.mark.parametrize("waker", ["thread", "spin"])
