@@ -11,11 +11,17 @@ client sees is the first inter-token gap less the median decode step.
 Then, under concurrent load (Poisson arrivals at a sweep of rates), it sets the decode inter-token
 latency of two colocated engines against one prefill plus one decode engine (the same GPUs): what the
 isolated formula cannot show, prefill interference with decode.
+
+What runs is a ``Plan``: ``FULL`` (8 prompt lengths x 4 modes x 2 profiles, fine-clock re-runs, ucx rows, a
+3-rate sweep: about 25 minutes) or, with ``--quick``, ``QUICK``: the same measurement on the card's profile,
+one prompt each side of 512 tokens, push hand-off over RDMA and TCP, and one load rate run on the isolated
+launches (3 launches, about 70 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -34,7 +40,6 @@ from cluster.scenarios import Claim, Finding, Scenario, ScenarioContext, Scenari
 from config import ClusterSpec, default_catalog
 
 PROMPTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-QUICK_PROMPTS = (512, 8192, 16384)
 CHUNK = 8192
 SHORT_TTFT_MS = 150.0
 """Rows predicted to reach their first token sooner than this also run on the fine clock (``fine_time_scale``)."""
@@ -223,79 +228,159 @@ def analytic_crossover(case: Case, output: int, mode: str, handoff: str) -> int 
     return crossover(diff, 16, hi)
 
 
-def load_sweep(case: Case, rates: tuple[float, ...], prompt: int, output: int, requests: int, scale: float,
-               payload_scale: float, seed: int) -> list[dict[str, Any]]:
-    """Decode ITL under load: two colocated engines against one prefill plus one decode engine."""
-    from cluster.loadtest.client import ClientConfig
-    from cluster.loadtest.replay import ReplayConfig
-    from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
+MODES: dict[str, tuple[str, str]] = {"colocated": ("colocated", "push"), "rdma": ("rdma", "push"),
+                                     "tcp": ("tcp", "push"), "tcp-pull": ("tcp", "pull")}
+"""Row mode -> (link kind for the estimate, hand-off)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one sweep measures, and on how many launches.
+
+    ``prompts`` x ``modes`` isolated requests of ``output`` tokens at ``time_scale`` (one launch per mode,
+    every prompt on it); short-TTFT rows once more at ``fine_time_scale`` (None: not re-run); the rate
+    sweep (``rates``, ``load_requests`` of ``load_prompt`` tokens) at ``load_time_scale`` on colocated x2
+    against 1P1D RDMA push. With ``reuse_launches`` the isolated colocated launch has two replicas (an
+    isolated request is served by one; the other idles) and both rate-sweep configurations run on the
+    isolated launches, so ``load_time_scale`` must equal ``time_scale``.
+    """
+
+    prompts: tuple[int, ...] = PROMPTS
+    modes: tuple[str, ...] = ("colocated", "rdma", "tcp", "tcp-pull")
+    output: int = 256
+    time_scale: float = 5.0
+    fine_time_scale: float | None = 100.0
+    rates: tuple[float, ...] = (1.0, 2.0, 3.0)
+    load_requests: int = 24
+    load_prompt: int = 4096
+    load_time_scale: float = 2.0
+    reuse_launches: bool = False
+    ucx: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or "colocated" not in self.modes:
+            raise ValueError(f"modes must include 'colocated' and be among {', '.join(MODES)}; got {self.modes}")
+        if self.reuse_launches and self.rates and ("rdma" not in self.modes or self.load_time_scale != self.time_scale):
+            raise ValueError("reuse_launches runs the rate sweep on the isolated launches: it needs the 'rdma' mode "
+                             "and load_time_scale == time_scale")
+
+
+FULL = Plan()
+QUICK = Plan(prompts=(256, 2048), modes=("colocated", "rdma", "tcp"), time_scale=2.0, fine_time_scale=None,
+             rates=(2.0,), load_requests=6, load_time_scale=2.0, reuse_launches=True, ucx=False)
+"""The same scenario, smaller: the card's profile only (``scenario``), one prompt each side of the card's
+512-token line, push hand-off, no fine-clock re-run, one load rate on the isolated launches (3 launches)."""
+
+
+def load_trace(prompt: int, output: int, requests: int) -> Any:
+    """``requests`` prompts of ``prompt`` tokens sharing no prefix (distinct hash ids)."""
     from cluster.loadtest.spec import RequestId, RequestSpec, TraceData
 
-    rng = random.Random(seed)
     specs = tuple(RequestSpec(RequestId(f"x{i}"), 0.0, prompt, output,
                               hash_ids=tuple(range(i * 10_000, i * 10_000 + -(-prompt // 16))), block_size=16)
                   for i in range(requests))
-    del rng
-    trace = TraceData("disagg-crossover load", "synthetic", specs, block_size=16)
+    return TraceData("disagg-crossover load", "synthetic", specs, block_size=16)
+
+
+def load_rows(h: ClusterHandle, label: str, plan: Plan, seed: int) -> list[dict[str, Any]]:
+    """The rate sweep on a launched cluster: decode ITL, TPOT, TTFT and step lag per rate."""
+    from cluster.loadtest.client import ClientConfig
+    from cluster.loadtest.replay import ReplayConfig
+    from cluster.loadtest.session import LoadTestConfig, run_loadtest, run_sync
+
+    cfg = LoadTestConfig(name=f"xover-{label}", rates=plan.rates, retime="poisson", seed=seed,
+                         replay=ReplayConfig(), client=ClientConfig(time_scale=plan.load_time_scale), progress=False)
+    result = run_sync(run_loadtest(h.router_url, load_trace(plan.load_prompt, plan.output, plan.load_requests), cfg,
+                                   out_root=None))
+    return [{"config": label, "rate": run.get("rate"), "itl_ms": run["itl_ms"], "tpot_ms": run["tpot_ms"],
+             "ttft_ms": run["ttft_ms"], "step_lag_ms": run.get("step_lag_ms")}
+            for run in result.summary.get("runs", [result.summary])]
+
+
+LOAD_LABELS = {"colocated": "colocated x2", "rdma": "1P1D rdma push"}
+
+
+def load_sweep(case: Case, plan: Plan, payload_scale: float, seed: int) -> list[dict[str, Any]]:
+    """Decode ITL under load: two colocated engines against one prefill plus one decode engine (each its launch)."""
     rows: list[dict[str, Any]] = []
-    for label, spec in (("colocated x2", colocated_spec(case, scale, replicas=2)),
-                        ("1P1D rdma push", pd_spec(case, case.rdma, scale, "push", payload_scale))):
+    for mode, spec in (("colocated", colocated_spec(case, plan.load_time_scale, replicas=2)),
+                       ("rdma", pd_spec(case, case.rdma, plan.load_time_scale, "push", payload_scale))):
         with launch(spec) as h:
-            cfg = LoadTestConfig(name=f"xover-{label}", rates=rates, retime="poisson", seed=seed,
-                                 replay=ReplayConfig(), client=ClientConfig(time_scale=scale), progress=False)
-            result = run_sync(run_loadtest(h.router_url, trace, cfg, out_root=None))
-            for run in result.summary.get("runs", [result.summary]):
-                rows.append({"config": label, "rate": run.get("rate"), "itl_ms": run["itl_ms"],
-                             "tpot_ms": run["tpot_ms"], "ttft_ms": run["ttft_ms"],
-                             "step_lag_ms": run.get("step_lag_ms")})
+            rows += load_rows(h, LOAD_LABELS[mode], plan, seed)
     return rows
 
 
-def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload_scale: float = 1 / 1024,
-        fine_time_scale: float = 100.0, seed: int = 0, profiles: tuple[str, ...] | None = None, load: bool = True,
-        rates: tuple[float, ...] = (1.0, 2.0, 3.0), load_requests: int = 24, load_time_scale: float = 2.0,
-        ucx: bool = True, progress: Any = None,
-        checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """The sweep (see the module docstring). ``time_scale`` slows the isolated requests so that the
-    real HTTP hops stay small in emulated time; rows with a short TTFT measure TTFT and transfer once more
-    at ``fine_time_scale`` (a few output tokens, so it stays quick); the load sweep runs at
-    ``load_time_scale``. With ``ucx``, the first profile also runs 1P1D over its RDMA link with the ucx
-    backend (``ucx`` in its entry: rows, and transfers flagged "real transport was the bottleneck").
-    ``checkpoint`` gets the result so far after each profile's part (so a long run leaves something)."""
+def mode_spec(case: Case, mode: str, scale: float, payload_scale: float, replicas: int = 1) -> ClusterSpec:
+    kind, handoff = MODES[mode]
+    if kind == "colocated":
+        return colocated_spec(case, scale, replicas)
+    return pd_spec(case, case.rdma if kind == "rdma" else case.tcp, scale, handoff, payload_scale)
+
+
+def measure_case(case: Case, plan: Plan, payload_scale: float, seed: int, with_load: bool,
+                 say: Callable[[str], None]) -> tuple[dict[str, dict[int, dict[str, float]]], list[dict[str, Any]]]:
+    """The isolated rows of every mode (and, with ``reuse_launches``, the rate sweep on the same launches)."""
+    measured: dict[str, dict[int, dict[str, float]]] = {}
+    load: list[dict[str, Any]] = []
+    for mode in plan.modes:
+        kind, handoff = MODES[mode]
+        reuse = with_load and plan.reuse_launches and mode in LOAD_LABELS
+        spec = mode_spec(case, mode, plan.time_scale, payload_scale, replicas=2 if reuse and kind == "colocated" else 1)
+        with launch(spec) as h:
+            measured[mode] = measure(h, plan.prompts, plan.output, plan.time_scale, case.vocab(), seed)
+            if reuse:
+                say(f"  {mode}: rate sweep {plan.rates} req/s on the same launch")
+                load += load_rows(h, LOAD_LABELS[mode], plan, seed)
+        # Short prompts: TTFT and transfer again on a slower clock, where the real HTTP hops (a few
+        # wall ms) shrink to a negligible share of the emulated figure; end-to-end keeps the first run's.
+        fine = plan.fine_time_scale
+        short = tuple(n for n in plan.prompts
+                      if predict(case, n, plan.output, kind, handoff)["ttft_ms"] < SHORT_TTFT_MS)
+        if short and fine is not None and fine > plan.time_scale:
+            with launch(spec.model_copy(update={"time_scale": fine})) as h:
+                got = measure(h, short, FINE_OUTPUT, fine, case.vocab(), seed)
+            for n in short:
+                measured[mode][n].update(ttft_ms=got[n]["ttft_ms"], transfer_ms=got[n]["transfer_ms"],
+                                         ttft_time_scale=fine)
+        say(f"  {mode}: done")
+    return measured, load
+
+
+def run(quick: bool = False, output: int | None = None, time_scale: float | None = None,
+        payload_scale: float = 1 / 1024, seed: int = 0, profiles: tuple[str, ...] | None = None, load: bool = True,
+        progress: Any = None, checkpoint: Callable[[dict[str, Any]], None] | None = None,
+        plan: Plan | None = None) -> dict[str, Any]:
+    """The sweep (see the module docstring) as ``plan`` says (default ``QUICK`` when ``quick``, else ``FULL``);
+    ``output`` and ``time_scale`` override the plan's. ``time_scale`` slows the isolated requests so that the
+    real HTTP hops stay small in emulated time. With ``plan.ucx``, the first profile also runs 1P1D over its
+    RDMA link with the ucx backend (``ucx`` in its entry: rows, and transfers flagged "real transport was the
+    bottleneck"). ``checkpoint`` gets the result so far after each profile's part (so a long run leaves
+    something)."""
+    plan = plan or (QUICK if quick else FULL)
+    if output is not None:
+        plan = dataclasses.replace(plan, output=output)
+    if time_scale is not None:
+        plan = dataclasses.replace(plan, time_scale=time_scale,
+                                   load_time_scale=time_scale if plan.reuse_launches else plan.load_time_scale)
     say = progress or (lambda m: None)
-    prompts = QUICK_PROMPTS if quick else PROMPTS
+    prompts = plan.prompts
     cases = [c for c in CASES if profiles is None or c.label in profiles or c.model in profiles]
-    result: dict[str, Any] = {"scenario": "disagg-crossover", "output_tokens": output, "time_scale": time_scale,
-                              "kv_payload_scale": payload_scale, "profiles": []}
+    result: dict[str, Any] = {"scenario": "disagg-crossover", "output_tokens": plan.output,
+                              "time_scale": plan.time_scale, "kv_payload_scale": payload_scale,
+                              "plan": dataclasses.asdict(plan), "profiles": []}
     for case in cases:
-        say(f"{case.label}: colocated, then 1P1D over {case.rdma} and {case.tcp}")
-        measured: dict[str, dict[int, dict[str, float]]] = {}
-        plans = [("colocated", "push", colocated_spec(case, time_scale)),
-                 ("rdma", "push", pd_spec(case, case.rdma, time_scale, "push", payload_scale)),
-                 ("tcp", "push", pd_spec(case, case.tcp, time_scale, "push", payload_scale)),
-                 ("tcp-pull", "pull", pd_spec(case, case.tcp, time_scale, "pull", payload_scale))]
-        for mode, handoff, spec in plans:
-            with launch(spec) as h:
-                measured[mode] = measure(h, prompts, output, time_scale, case.vocab(), seed)
-            # Short prompts: TTFT and transfer again on a slower clock, where the real HTTP hops (a few
-            # wall ms) shrink to a negligible share of the emulated figure; end-to-end keeps the first run's.
-            base = "tcp" if mode == "tcp-pull" else mode
-            short = tuple(n for n in prompts if predict(case, n, output, base, handoff)["ttft_ms"] < SHORT_TTFT_MS)
-            if short and fine_time_scale > time_scale:
-                with launch(spec.model_copy(update={"time_scale": fine_time_scale})) as h:
-                    fine = measure(h, short, FINE_OUTPUT, fine_time_scale, case.vocab(), seed)
-                for n in short:
-                    measured[mode][n].update(ttft_ms=fine[n]["ttft_ms"], transfer_ms=fine[n]["transfer_ms"],
-                                             ttft_time_scale=fine_time_scale)
-            say(f"  {mode}: done")
+        say(f"{case.label}: {', '.join(plan.modes)} (rdma: {case.rdma}, tcp: {case.tcp})")
+        with_load = load and bool(plan.rates) and case is cases[0]
+        measured, load_done = measure_case(case, plan, payload_scale, seed, with_load, say)
         rows = []
-        for mode, handoff, _ in plans:
-            base = "tcp" if mode == "tcp-pull" else mode
+        for mode in plan.modes:
+            kind, handoff = MODES[mode]
             for n in prompts:
-                pred = predict(case, n, output, base, handoff)
+                pred = predict(case, n, plan.output, kind, handoff)
                 got = measured[mode][n]
                 rows.append({"mode": mode, "handoff": handoff if mode != "colocated" else None, "prompt": n,
-                             "ttft_time_scale": got.get("ttft_time_scale", time_scale),
+                             "ttft_time_scale": got.get("ttft_time_scale", plan.time_scale),
                              "predicted": {k: round(v, 2) for k, v in pred.items()},
                              "measured": {k: round(v, 2) for k, v in got.items()
                                           if k not in ("tokens", "ttft_time_scale")},
@@ -303,29 +388,32 @@ def run(quick: bool = False, output: int = 128, time_scale: float = 5.0, payload
                                        for k in ("ttft_ms", "transfer_ms", "e2e_ms")}})
         colo = [measured["colocated"][n]["e2e_ms"] for n in prompts]
         entry: dict[str, Any] = {"profile": case.label, "rows": rows, "crossover": {}}
-        for mode, handoff in (("rdma", "push"), ("tcp", "push"), ("tcp", "pull")):
-            key = mode if handoff == "push" else "tcp-pull"
-            entry["crossover"][key] = {
-                "analytic_prompt_tokens": analytic_crossover(case, output, mode, handoff),
+        for mode in plan.modes:
+            if mode == "colocated":
+                continue
+            kind, handoff = MODES[mode]
+            entry["crossover"][mode] = {
+                "analytic_prompt_tokens": analytic_crossover(case, plan.output, kind, handoff),
                 "measured_prompt_tokens": crossover_from(list(prompts), colo,
-                                                         [measured[key][n]["e2e_ms"] for n in prompts])}
-        entry["push_vs_pull_tcp"] = {str(n): {"push_ttft_ms": round(measured["tcp"][n]["ttft_ms"], 2),
-                                              "pull_ttft_ms": round(measured["tcp-pull"][n]["ttft_ms"], 2),
-                                              "push_e2e_ms": round(measured["tcp"][n]["e2e_ms"], 2),
-                                              "pull_e2e_ms": round(measured["tcp-pull"][n]["e2e_ms"], 2)}
-                                     for n in prompts}
-        if ucx and case is cases[0]:
+                                                         [measured[mode][n]["e2e_ms"] for n in prompts])}
+        if {"tcp", "tcp-pull"} <= set(plan.modes):
+            entry["push_vs_pull_tcp"] = {str(n): {"push_ttft_ms": round(measured["tcp"][n]["ttft_ms"], 2),
+                                                  "pull_ttft_ms": round(measured["tcp-pull"][n]["ttft_ms"], 2),
+                                                  "push_e2e_ms": round(measured["tcp"][n]["e2e_ms"], 2),
+                                                  "pull_e2e_ms": round(measured["tcp-pull"][n]["e2e_ms"], 2)}
+                                         for n in prompts}
+        if plan.ucx and case is cases[0]:
             say(f"{case.label}: 1P1D over {case.rdma} on the ucx backend")
-            entry["ucx"] = ucx_rows(case, prompts, output, time_scale, payload_scale, seed)
-        if load and case is cases[0]:
-            say(f"{case.label}: rate sweep {rates} req/s, colocated x2 against 1P1D")
-            result["profiles"].append(entry)
-            if checkpoint is not None:
-                checkpoint(result)
-            entry["load"] = load_sweep(case, rates if not quick else rates[:1], 4096, output,
-                                       load_requests if not quick else 10, load_time_scale, payload_scale, seed)
-        else:
-            result["profiles"].append(entry)
+            entry["ucx"] = ucx_rows(case, prompts, plan.output, plan.time_scale, payload_scale, seed)
+        result["profiles"].append(entry)
+        if with_load:
+            if load_done:
+                entry["load"] = load_done
+            else:
+                say(f"{case.label}: rate sweep {plan.rates} req/s, colocated x2 against 1P1D")
+                if checkpoint is not None:
+                    checkpoint(result)
+                entry["load"] = load_sweep(case, plan, payload_scale, seed)
         if checkpoint is not None:
             checkpoint(result)
     for key in ("ttft_ms", "transfer_ms", "e2e_ms"):
@@ -342,11 +430,14 @@ CLAIM_SHORT = Claim("colocate-short-prompts", "Colocate prompts < 512 tokens", "
 
 def scenario(ctx: ScenarioContext) -> ScenarioResult:
     """The sweep as a scenario: its crossovers (analytic and measured) against the card's 512-token line.
-    Options: ``output_tokens`` (default 256, past the card's 200), ``time_scale``, ``profiles``, ``load``."""
+    Options: ``output_tokens`` (default 256, past the card's 200), ``time_scale``, ``profiles``, ``load``.
+    ``--quick`` runs the ``QUICK`` plan on the card's profile; the full sweep is ``FULL`` on every profile."""
     o = ctx.options
-    output = int(o.get("output_tokens") or 256)
-    res = run(quick=ctx.quick, output=output, time_scale=float(o.get("time_scale") or 5.0), seed=ctx.seed,
-              profiles=o.get("profiles"), load=bool(o.get("load", True)), ucx=not ctx.quick, progress=ctx.progress)
+    ts = o.get("time_scale")
+    # --quick: the card's own profile only (QUICK plan: 3 launches, about a minute)
+    profiles = o.get("profiles") or ((CASES[0].label,) if ctx.quick else None)
+    res = run(quick=ctx.quick, output=int(o.get("output_tokens") or 256), time_scale=float(ts) if ts else None,
+              seed=ctx.seed, profiles=profiles, load=bool(o.get("load", True)), progress=ctx.progress)
     parts, wins_at_512, loses_below = [], [], []
     for prof in res["profiles"]:
         rows = prof["rows"]

@@ -6,7 +6,8 @@ from cluster.scenarios import disagg_crossover
 
 
 def test_isolated_requests_match_the_estimate(ray_cluster: object) -> None:
-    result = disagg_crossover.run(quick=True, output=64, profiles=("lesson-70b-fp8",), load=False)
+    plan = disagg_crossover.Plan(prompts=(512, 8192, 16384), output=64, rates=(), ucx=False)
+    result = disagg_crossover.run(plan=plan, profiles=("lesson-70b-fp8",))
     rows = result["profiles"][0]["rows"]
     assert {r["mode"] for r in rows} == {"colocated", "rdma", "tcp", "tcp-pull"}
     for r in rows:

@@ -71,3 +71,19 @@ def test_a_failing_scenario_becomes_not_run_rows() -> None:
 def test_unknown_scenario_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scenario", "run", "no-such"]) == 2
     assert "unknown scenario 'no-such'" in capsys.readouterr().out
+
+
+def test_crossover_quick_is_the_same_sweep_smaller() -> None:
+    from cluster.scenarios.disagg_crossover import FULL, QUICK, Plan
+
+    # the same claim conditions (outputs past the card's 200 tokens, prompts on both sides of 512) ...
+    assert QUICK.output == FULL.output > 200
+    assert min(QUICK.prompts) < 512 < max(QUICK.prompts) and set(QUICK.prompts) <= set(range(1, 32769))
+    assert set(QUICK.modes) <= set(FULL.modes) and "colocated" in QUICK.modes
+    # ... on fewer launches: the rate sweep rides on the isolated colocated and rdma launches
+    assert QUICK.reuse_launches and QUICK.load_time_scale == QUICK.time_scale and QUICK.fine_time_scale is None
+    assert len(QUICK.prompts) * len(QUICK.modes) < len(FULL.prompts) * len(FULL.modes)
+    with pytest.raises(ValueError, match="load_time_scale"):
+        Plan(reuse_launches=True, time_scale=5.0, load_time_scale=2.0)
+    with pytest.raises(ValueError, match="colocated"):
+        Plan(modes=("rdma",))
