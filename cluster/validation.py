@@ -33,7 +33,8 @@ with the same protocol, but their figures can contradict it: ``implied_tensor_sh
 the GPUs' dense tensor peak a closed loop at a row's measured TTFT and TPOT needs, and the 8B-FP8 H200 rows
 need a median 49% and up to 101% (2000/100 tokens, C 64, TP 1) of H200's fp8 peak, sustained, decode
 steps included, which no H200 does; the 70B rows need at most 22-33%. Rows above ``IMPLAUSIBLE_SHARE`` are
-counted per group (``GroupSummary.implausible``), never dropped.
+counted per group (``GroupSummary.implausible``), never dropped. Their groups are reported apart, after the
+primary harness's (``SiliconRow.harness``, ``OTHER_HARNESSES``); the bounds are judged on the primary groups.
 
 Replay speed: the closed loop's long runs of pure decode steps are run at once
 (``actors.engine.virtual``'s decode stretches, exact), rows run in worker processes (``jobs``).
@@ -95,6 +96,10 @@ the whole run (``implied_tensor_share``), cannot have been measured as this modu
 STEADY_TOLERANCE = 0.01
 """Two consecutive rounds whose mean TTFT and TPOT differ by less than this are the steady state."""
 QUICK_PER_GROUP = 5
+PRIMARY_HARNESS = "aiconfigurator"
+"""Rows made by aiconfigurator's own benchmark (the protocol above): the groups the bounds are judged on."""
+OTHER_HARNESSES: dict[str, str] = {"0.12.0": "vllm-0.12-gap-analysis"}
+"""``backend_version`` -> harness for rows from another benchmark (module docstring): reported apart."""
 BATCHED_TOKENS_SLACK = 1500
 """aiconfigurator's vLLM benchmark rule: max_num_batched_tokens = batch size + isl + 1500."""
 
@@ -156,6 +161,11 @@ class SiliconRow(BaseModel):
         if v is not None and v < 1:
             raise ValueError("must be at least 1")
         return v
+
+    @property
+    def harness(self) -> str:
+        """Which benchmark made the row: ``PRIMARY_HARNESS`` or one of ``OTHER_HARNESSES``."""
+        return OTHER_HARNESSES.get(self.backend_version, PRIMARY_HARNESS)
 
     @property
     def group(self) -> tuple[str, str]:
@@ -449,24 +459,32 @@ class GroupSummary:
     implausible: int = 0
     """Rows whose measured figures need more than ``IMPLAUSIBLE_SHARE`` of the tensor peak (``Case``)."""
     implied_share_median: float = 0.0
+    harness: str = PRIMARY_HARNESS
+    """The benchmark that made the group's rows (``SiliconRow.harness``)."""
+
+    @property
+    def primary(self) -> bool:
+        return self.harness == PRIMARY_HARNESS
 
     def within(self, ttft_bound: float, tpot_bound: float) -> bool:
         return self.ttft_median <= ttft_bound and self.tpot_median <= tpot_bound
 
 
 def summarize(results: list[CaseResult]) -> list[GroupSummary]:
-    by_group: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    """Error per (harness, model, GPU) group: the primary harness's groups first, then the others'."""
+    by_group: dict[tuple[bool, str, str, str], list[CaseResult]] = defaultdict(list)
     for r in results:
-        by_group[r.case.row.group].append(r)
+        row = r.case.row
+        by_group[(row.harness != PRIMARY_HARNESS, row.harness, *row.group)].append(r)
     out = []
-    for (model, system), rs in sorted(by_group.items()):
+    for (_, harness, model, system), rs in sorted(by_group.items()):
         te = [abs(r.ttft_error) for r in rs]
         pe = [abs(r.tpot_error) for r in rs]
         versions = ", ".join(sorted({r.case.row.backend_version or "?" for r in rs}))
         out.append(GroupSummary(model, system, len(rs), _p(te, 50), _p(te, 90), _p(pe, 50), _p(pe, 90),
                                 _p([r.ttft_error for r in rs], 50), _p([r.tpot_error for r in rs], 50),
                                 versions, sum(r.case.implausible for r in rs),
-                                _p([r.case.implied_share for r in rs], 50)))
+                                _p([r.case.implied_share for r in rs], 50), harness))
     return out
 
 

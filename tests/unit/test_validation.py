@@ -154,8 +154,10 @@ def test_validate_replays_rows_on_the_engine(tmp_path: Path) -> None:
     a, b = res.results[0], res.results[1]
     assert b.tpot_ms <= a.tpot_ms * 1.05
     groups = res.groups
-    assert [(g.model, g.system, g.rows) for g in groups] == [
-        ("Qwen/Qwen3-32B bf16", "h100_sxm", 1), ("meta-llama/Llama-3.1-70B fp8", "h200_sxm", 2)]
+    # The primary harness's groups first; the vLLM 0.12 gap-analysis rows apart, after them.
+    assert [(g.model, g.system, g.rows, g.primary) for g in groups] == [
+        ("meta-llama/Llama-3.1-70B fp8", "h200_sxm", 2, True), ("Qwen/Qwen3-32B bf16", "h100_sxm", 1, False)]
+    assert groups[1].harness == "vllm-0.12-gap-analysis"
 
 
 def test_cli_prints_one_json_object_last(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,6 +169,8 @@ def test_cli_prints_one_json_object_last(tmp_path: Path, capsys: pytest.CaptureF
     assert {g["gpu"] for g in doc["groups"]} == {"h100_sxm", "h200_sxm"}
     assert {"ttft_median_ape", "ttft_p90_ape", "tpot_median_ape", "tpot_p90_ape"} <= set(doc["groups"][0])
     assert {s["id"] for s in doc["skipped"]} == {"d", "e", "f"}
+    assert [g["harness"] for g in doc["groups"]] == ["aiconfigurator", "vllm-0.12-gap-analysis"]
+    assert isinstance(doc["primary_within_bounds"], bool)
 
 
 def test_match_keeps_only_the_rows_it_finds(tmp_path: Path) -> None:
