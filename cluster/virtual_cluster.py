@@ -170,7 +170,8 @@ class VirtualCluster:
         return list(await asyncio.gather(*(self.serve(*r) for r in requests)))
 
     def counters(self) -> dict[str, float]:
-        """Prefix queries and hits (GPU and lower tiers, tokens), preemptions, steps, tier loads and fallbacks."""
+        """Prefix queries and hits (GPU and lower tiers, tokens), preemptions, steps, GPU busy ms and the connector's
+        share of it (``actors.engine.tiers.overhead``), tier loads and fallbacks."""
         out = dict.fromkeys(("prefix_queries", "gpu_hits", "tier_hits", "preemptions", "steps", "tier_loads",
                              "tier_fallbacks", "swaps_out"), 0.0)
         for eng in self.engines.values():
@@ -179,6 +180,8 @@ class VirtualCluster:
             out["gpu_hits"] += st.prefix_hits
             out["preemptions"] += st.preemptions
             out["steps"] += eng.steps
+            out["busy_ms"] = out.get("busy_ms", 0.0) + eng.busy_ms
+            out["connector_ms"] = out.get("connector_ms", 0.0) + float(getattr(eng.cost, "connector_ms", 0.0))
             if eng.tiers is not None:
                 c = eng.tiers.counters
                 out["tier_hits"] += c.external_hits

@@ -72,6 +72,10 @@ class TiersSpec(Frozen):
     """swap: a preempted sequence's KV goes to the CPU tier and comes back (no recompute); needs ``cpu``."""
     io_timeout_s: PositiveFloat = 2.0
     """Wall seconds a tier's real I/O may take before the load counts as failed (recompute instead)."""
+    connector_overhead: Literal["auto", "off", "kernel-sync", "dma-async"] = "auto"
+    """What the connector's store path costs each step (``actors.engine.tiers.overhead``): ``auto`` prices a
+    CPU/disk tier as vLLM's native offload (``dma-async``) and a shared store as LMCache (``kernel-sync``);
+    ``off`` prices nothing (the model before this knob)."""
 
     @property
     def enabled(self) -> bool:

@@ -29,6 +29,7 @@ from actors.engine.kv_blocks import BlockHash, BlockRemoved, BlockStored, KVEven
 from actors.engine.tiers.admission import wire_tiers
 from actors.engine.tiers.base import MEDIUM_GPU, MEDIUM_STORE
 from actors.engine.tiers.chain import TierChain
+from actors.engine.tiers.overhead import with_store_path
 from actors.engine.tiers.payload import BlockPayloads
 from actors.kv_connector import address_from_json
 from actors.kvstore.actor import ActorIndex
@@ -93,6 +94,7 @@ def attach_store(engine: Engine, tier: StoreTier) -> WriteThrough:
     else:
         chain = engine.tiers.chain
         chain.append(tier)
+    engine.cost = with_store_path(engine.cost, engine.cfg.tiers.connector_overhead, "kernel-sync", chain.host_link)
     writer = WriteThrough(engine, tier, chain)
     engine.kv_subscribers.append(writer)
     tier.start()

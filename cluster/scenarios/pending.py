@@ -17,17 +17,8 @@ from cluster.scenarios import (
     register_scenario,
 )
 
-OFFLOAD_CLAIMS = (
-    Claim("offload-reprefill", "Same 2K prompt re-prefilled | Preemption at 100% HBM | LMCache or native CPU offload",
-          "lessons-card.md", "Troubleshooting"),
-    Claim("offload-overhead", "3-5% overhead at low pressure", "lessons-card.md",
-          "Four methods side by side: LMCache number"),
-)
-PENDING: dict[str, tuple[str, tuple[Claim, ...], str]] = {
-    "offload": ("NATIVE_ONLY vs CPU_OFFLOAD vs LMCACHE under HBM pressure", OFFLOAD_CLAIMS,
-                "cluster/scenarios/offload.py (the KV tiers' scenario) has not landed; the tiers and the shared "
-                "KV store exist (actors/tiers, actors/kvstore) but no run compares them yet"),
-}
+PENDING: dict[str, tuple[str, tuple[Claim, ...], str]] = {}
+"""name -> (help, claims, what is missing); empty while every claim's mechanism has landed."""
 
 
 def _runner(name: str, claims: tuple[Claim, ...], missing: str) -> Callable[[ScenarioContext], ScenarioResult]:

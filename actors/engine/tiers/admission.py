@@ -32,6 +32,7 @@ from actors.engine.kv_blocks import BlockHash
 from actors.engine.kv_manager import KVCacheManager, PrefixHit
 from actors.engine.sequence import RequestId, Sequence
 from actors.engine.tiers.chain import LoadTicket, TierChain, TierObserver, build_chain, swap_key
+from actors.engine.tiers.overhead import with_store_path
 
 if TYPE_CHECKING:
     from actors.engine.engine import Engine
@@ -202,7 +203,10 @@ def attach_tiers(engine: Engine) -> TieredKV | None:
     cfg = engine.cfg
     chain = build_chain(cfg.tiers, block_size=cfg.block_size, kv_bytes_per_token=engine.cost.kv_bytes_per_token,
                         payload_scale=cfg.kv_payload_scale, clock=engine.clock, label=cfg.name)
-    return None if chain is None else wire_tiers(engine, chain)
+    if chain is None:
+        return None
+    engine.cost = with_store_path(engine.cost, cfg.tiers.connector_overhead, "dma-async", chain.host_link)
+    return wire_tiers(engine, chain)
 
 
 def wire_tiers(engine: Engine, chain: TierChain) -> TieredKV:

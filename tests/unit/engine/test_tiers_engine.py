@@ -203,3 +203,20 @@ def test_virtual_driver_refuses_tiers() -> None:
     cfg = EngineConfig("v", "lesson", "colocated", 64, 16, SchedulerLimits(8, 8192, 100_000), tiers=CPU_1GB)
     with pytest.raises(ValueError, match="does not run KV tiers"):
         VirtualDriver(cfg, EmpiricalCostModel(LESSON, "colocated"))
+
+
+async def test_tiers_price_their_store_path_unless_off(vclock: VirtualClock, make_tiered: MakeTiered) -> None:
+    from actors.engine.tiers.overhead import ConnectorCostModel
+
+    lm = make_tiered(64, TiersSpec(cpu=CPUTierSpec(capacity_gb=1.0), connector_overhead="kernel-sync"))
+    assert isinstance(lm.cost, ConnectorCostModel) and lm.cost.path_name == "kernel-sync"
+    off = make_tiered(64, TiersSpec(cpu=CPUTierSpec(capacity_gb=1.0), connector_overhead="off"))
+    assert isinstance(off.cost, EmpiricalCostModel)
+
+    async def scenario() -> tuple[float, float]:
+        _, slow = await run(lm, prompt(3, 960), 1)
+        _, fast = await run(off, prompt(3, 960), 1)
+        return slow, fast
+
+    slow, fast = await vclock.run(scenario())
+    assert slow - fast == pytest.approx(lm.cost.connector_ms) and lm.cost.connector_ms > 0

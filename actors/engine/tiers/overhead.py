@@ -1,0 +1,128 @@
+"""The per-step cost of a KV connector's store path: what offloading costs the forward pass when nothing is
+loaded back (the lessons card's "3-5% overhead at low pressure" for LMCache).
+
+A connector that offloads KV copies every newly computed block out of HBM; how that copy meets the forward
+pass decides its cost. Two store paths, each a few lines in ``STORE_PATHS``, priced per step from the step's
+newly written KV (``StepShape``: prefill tokens, plus one token per decoding sequence where the path stores
+decode blocks) and the hardware's own figures, not from a fitted constant:
+
+- ``kernel-sync`` (LMCache's vLLM connector, non-layerwise): ``wait_for_save`` runs at the end of the forward
+  pass and gathers the step's paged KV into LMCache's pinned host buffer with a CUDA kernel
+  (``multi_layer_kv_transfer``); the step returns only after the copy, so it adds
+  ``bytes / host-link write rate + link latency`` to every step that stores. The remote put to the shared
+  store then runs on the CPU, off the GPU's path.
+- ``dma-async`` (vLLM's native OffloadingConnector since 0.11/0.12): ``cudaMemcpyAsync`` on a side stream, by
+  the copy engines, overlapped with the next step; it uses no SMs, only HBM bandwidth the step shares, so it
+  adds ``bytes / HBM bandwidth`` (an upper bound: it counts every read as contended).
+
+Sources: vLLM blog "Inside vLLM's New Offloading Connector" (Ozeri, Harnik, 2025-12-29,
+vllm-project.github.io/_posts/2025-12-29-offloading-connector.md): GPU->CPU copies reach ~50 GB/s one way on
+H100 (our ``pcie-gen5-x16`` preset), and on 10,000 prefills of 512 tokens at 0% hits (Llama-3.2-1B, H100) a
+copy kernel on the GPU's cores cost 6% of throughput while DMA cost ~0.5% (5.5% better than the kernel).
+gpustack's LMCache evaluation (Qwen3-8B, RTX 4090, vLLM 0.10.1.1) measured -3% to -15% when nothing is reused.
+
+Not priced (no published figure to derive it from): the scheduler-side lookups (hashing a prompt's chunks,
+a lookup RPC per new request), which vLLM's async scheduling overlaps with the previous step.
+
+Invariants: the wrapper changes nothing but the step's ``total_ms`` and ``overhead_ms`` (by the same amount,
+never negative); an empty step costs nothing; ``connector_ms`` sums what it added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.cost_model import CostModel, StepShape, StepTime
+from config.tiers import TierDevice
+
+
+@dataclass(frozen=True)
+class StorePath:
+    """How a connector's store meets the step: ``cost_ms(bytes per GPU, host link, HBM GB/s)`` and whether
+    blocks filled by decoding are stored too (prefill blocks always are)."""
+
+    cost_ms: Callable[[float, TierDevice, float], float]
+    stores_decode: bool
+    source: str
+
+
+def _kernel_sync(nbytes: float, link: TierDevice, hbm_gbps: float) -> float:
+    return 1000.0 * link.transfer_s(nbytes, write=True)
+
+
+def _dma_async(nbytes: float, link: TierDevice, hbm_gbps: float) -> float:
+    return 1000.0 * nbytes / (hbm_gbps * 1e9)
+
+
+STORE_PATHS: dict[str, StorePath] = {
+    "kernel-sync": StorePath(_kernel_sync, False, "LMCache vLLM v1 connector: gather kernel in wait_for_save"),
+    "dma-async": StorePath(_dma_async, True, "vLLM OffloadingConnector: cudaMemcpyAsync on a side stream"),
+}
+CONNECTOR_OVERHEADS = ("auto", "off", *STORE_PATHS)
+"""``TiersSpec.connector_overhead`` values: ``auto`` picks ``dma-async`` for an engine with a CPU/disk tier and
+``kernel-sync`` once it writes through to a shared store (LMCache); ``off`` prices nothing."""
+
+
+class ConnectorCostModel:
+    """``inner``'s step time plus the store path's cost of the KV the step writes (see the module docstring).
+
+    ``kv_bytes_per_gpu_token``: the emulated KV bytes one token adds on one GPU of the engine (the model's
+    KV bytes per token over its TP ranks). Counts ``connector_ms`` (emulated ms added) and ``stored_bytes``.
+    """
+
+    def __init__(self, inner: CostModel, path: str, link: TierDevice, hbm_gbps: float) -> None:
+        if path not in STORE_PATHS:
+            raise ValueError(f"unknown store path {path!r} (known: {', '.join(STORE_PATHS)})")
+        self.inner = inner
+        self.path_name = path
+        self.path = STORE_PATHS[path]
+        self.link = link
+        self.hbm_gbps = hbm_gbps
+        self.name = inner.name
+        self.kv_bytes_per_token = inner.kv_bytes_per_token
+        self.max_context = inner.max_context
+        tp = int(getattr(inner, "tp", 1) or 1)
+        self.kv_bytes_per_gpu_token = inner.kv_bytes_per_token / tp
+        self.connector_ms = 0.0
+        self.stored_bytes = 0.0
+
+    def added_ms(self, shape: StepShape) -> float:
+        tokens = shape.prefill_tokens + (shape.decode_seqs if self.path.stores_decode else 0)
+        if tokens <= 0:
+            return 0.0
+        return self.path.cost_ms(tokens * self.kv_bytes_per_gpu_token, self.link, self.hbm_gbps)
+
+    def step(self, shape: StepShape) -> StepTime:
+        t = self.inner.step(shape)
+        extra = self.added_ms(shape)
+        if extra <= 0.0:
+            return t
+        tokens = shape.prefill_tokens + (shape.decode_seqs if self.path.stores_decode else 0)
+        self.connector_ms += extra
+        self.stored_bytes += tokens * self.kv_bytes_per_gpu_token
+        return dataclasses.replace(t, total_ms=t.total_ms + extra, overhead_ms=t.overhead_ms + extra)
+
+    def __getattr__(self, name: str) -> Any:  # the inner model's other attributes (hardware, tp...)
+        return getattr(self.inner, name)
+
+
+def base_cost(cost: CostModel) -> CostModel:
+    return cost.inner if isinstance(cost, ConnectorCostModel) else cost
+
+
+def with_store_path(cost: CostModel, setting: str, wanted: str, link: TierDevice) -> CostModel:
+    """``cost`` priced for the store path ``wanted`` (what ``auto`` resolves to here) unless ``setting``
+    overrides it (``off``: the bare model; a path name: that path). Re-wrapping replaces an earlier path, so
+    an engine that gains a store after its CPU tier is priced once, as LMCache."""
+    bare = base_cost(cost)
+    path = wanted if setting == "auto" else setting
+    if path == "off":
+        return bare
+    hw = getattr(bare, "hardware", None)
+    hbm = float(getattr(hw, "hbm_bandwidth_gbps", 0.0) or 0.0)
+    if path == "dma-async" and hbm <= 0.0:
+        return bare  # an empirical profile without an HBM figure: nothing to price the contention by
+    return ConnectorCostModel(bare, path, link, hbm or 1.0)
