@@ -48,6 +48,7 @@ class RayClusterControl:
         self.timeout_s = timeout_s
         self.dead: set[str] = set()
         self.replaced: list[str] = []
+        self.dead_stores: list[str] = []
         self.kv_disturbed: dict[str, dict[str, int]] = {}
         """Per engine, the KV batches lost/duplicated/reordered (summed over its ``kv_events`` periods)."""
 
@@ -167,6 +168,26 @@ class RayClusterControl:
         alive = sorted({self.handle.engine_actor[n] for n in self._alive()})
         self._call_each([self.handle.workers[i].set_transfer_faults.remote(dict(plan) if plan else None)
                          for i in alive])
+
+    def kill_store(self, region: str | None, replica: int | None) -> list[str]:
+        """``ray.kill`` the region's store actors (or one replica); KeyError for a region or replica the
+        cluster lacks (a spec without ``kv_store`` has none)."""
+        import ray
+
+        stores: dict[str, list[Any]] = getattr(self.handle, "kv_stores", {}) or {}
+        regions = sorted(stores) if region is None else [region]
+        if not regions or any(r not in stores for r in regions):
+            raise KeyError(f"no KV store in region {region!r} (stores in: {', '.join(sorted(stores)) or 'none'})")
+        gone: list[str] = []
+        for r in regions:
+            picks = range(len(stores[r])) if replica is None else [replica]
+            for k in picks:
+                if k >= len(stores[r]):
+                    raise KeyError(f"region {r!r} has {len(stores[r])} store(s), no replica {k}")
+                ray.kill(stores[r][k], no_restart=True)
+                gone.append(f"store {r}/{k}")
+        self.dead_stores.extend(gone)
+        return gone
 
     # -- state after the run -----------------------------------------------------------------------
     def alive_loads(self) -> dict[str, dict[str, Any]]:

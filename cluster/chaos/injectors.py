@@ -32,6 +32,8 @@ What each kind does:
   error event and ``[DONE]`` first; ``crash``: killed) and its actor killed; after ``down_s`` a new one starts
   on the same port with the live engines and rebuilds its view and index from their feeds' snapshots.
 - ``transfer_faults``: every KV transport's fault wrapper switched to ``plan`` for ``duration_s``.
+- ``kill_store``: the region's KV store actors (or one replica) killed (``ray.kill``); the engines' gets fail
+  over to a live replica or fail, and a failed get is recompute (``actors.kvstore``), so no request is lost.
 
 Failure behaviour: ``plan_actions`` raises ``UnsupportedEvent`` (naming the event's index and kind) for a
 kind with no injector, before the run starts; an action that fails while running is logged with its error
@@ -49,6 +51,7 @@ from cluster.chaos.schedule import (
     FaultSchedule,
     KillEngine,
     KillNode,
+    KillStore,
     KvEvents,
     Partition,
     RouterRestart,
@@ -101,6 +104,10 @@ class ClusterControl(Protocol):
     def restart_router(self, down_s: float, graceful: bool = True) -> None: ...
 
     def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None: ...
+
+    def kill_store(self, region: str | None, replica: int | None) -> list[str]:
+        """Kill the shared KV store actors of ``region`` (None: every region), one ``replica`` or all; what died."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,13 @@ def _transfer_faults(e: Event, i: int) -> list[Action]:
             Action(e.end_s(), i, e.kind, "transfer faults off", _none(lambda c: c.set_transfer_faults(None)))]
 
 
+def _kill_store(e: Event, i: int) -> list[Action]:
+    assert isinstance(e, KillStore)
+    which = f"replica {e.replica}" if e.replica is not None else "every store"
+    return [Action(e.at_s, i, e.kind, f"kill {which} of region {e.region or '(all)'}",
+                   _none(lambda c: c.kill_store(e.region, e.replica)))]
+
+
 INJECTORS: dict[str, Injector] = {
     "kill_engine": _kill_engine,
     "kill_node": _kill_node,
@@ -228,6 +242,7 @@ INJECTORS: dict[str, Injector] = {
     "kv_events": _kv_events,
     "router_restart": _router_restart,
     "transfer_faults": _transfer_faults,
+    "kill_store": _kill_store,
 }
 
 

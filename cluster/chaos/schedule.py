@@ -20,6 +20,8 @@ Kinds and what they mean (the injectors in ``cluster.chaos.injectors`` carry the
   for ``duration_s``.
 - ``router_restart``: the router actor killed and started again.
 - ``transfer_faults``: the transport's fault wrapper switched on with ``plan`` for ``duration_s``.
+- ``kill_store``: the region's shared KV store actor(s) killed (``replica``: one of them); engines fall back
+  to recompute or to a surviving replica.
 
 Failure behaviour: ``load_schedule`` raises ``config.ConfigError`` naming the file, the event index and
 field, and the reason; ``check_against`` raises it when an event names an engine or node the cluster
@@ -179,10 +181,18 @@ class TransferFaults(_Event):
         return self.at_s + self.duration_s
 
 
+class KillStore(_Event):
+    kind: Literal["kill_store"] = "kill_store"
+    region: Name | None = None
+    """The region whose store dies; None: every region's."""
+    replica: Annotated[int, Field(ge=0)] | None = None
+    """Which of the region's stores (0: the primary, 1: its replica...); None: all of them."""
+
+
 Event = Annotated[KillEngine | KillNode | SpotPreempt | SlowGpu | Partition | KvEvents | RouterRestart
-                  | TransferFaults, Field(discriminator="kind")]
+                  | TransferFaults | KillStore, Field(discriminator="kind")]
 EVENT_KINDS: tuple[str, ...] = ("kill_engine", "kill_node", "spot_preempt", "slow_gpu", "partition",
-                                "kv_events", "router_restart", "transfer_faults")
+                                "kv_events", "router_restart", "transfer_faults", "kill_store")
 
 
 class FaultSchedule(Frozen):

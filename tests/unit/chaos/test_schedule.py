@@ -30,6 +30,7 @@ events:
   - {kind: kv_events, at_s: 4, loss: 0.5, duration_s: 2}
   - {kind: router_restart, at_s: 6}
   - {kind: transfer_faults, at_s: 7, duration_s: 3, plan: {seed: 1, rates: {drop: 0.1, corrupt: 0.1}}}
+  - {kind: kill_store, at_s: 8, region: local, replica: 0}
 """
 
 
