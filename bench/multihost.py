@@ -8,8 +8,10 @@
 3. Cross-host KV throughput against the tbf cap: prompts one at a time with a quarter of the real KV
    bytes (``kv_payload_scale`` 0.25; 2048-token prompts of the 70B model move ~84 MB each from host1 to
    host2), real bytes over the transfers' wall time, against the cap the harness set (1.25 GB/s).
-4. A host killed mid-run: host2 (the decode engine's) loses its raylet and every actor 2 s into a replay;
-   what the requests and the router did.
+4. Host-level faults through the chaos schedule (``run_cluster.py chaos --hosts-run-dir`` on host1): host2
+   (the decode engine's) cut off for 3 s at 2 s and healed, then lost (its raylet and every actor) at 12 s;
+   per event: requests failed, the errors they got, latency before/during/after, recovery, and the history
+   checker's verdict on the whole run.
 
 The trials run as drivers on host1 (``Harness.exec_argv``); the 1-host baseline runs here on an embedded Ray.
 The last stdout line is one JSON object.
@@ -28,6 +30,7 @@ from typing import Any
 
 from bench._common import emit, parser
 from cluster.hosts.harness import Harness, HarnessState, HarnessUnavailable, check_available
+from cluster.hosts.trial import host_chaos
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "config" / "presets" / "hosts-3-pd.yaml"
@@ -44,11 +47,45 @@ def trial(argv: list[str], timeout_s: float = 300.0) -> dict[str, Any]:
 
 def on_host1(h: Harness, st: HarnessState, *args: str) -> dict[str, Any]:
     return trial(h.exec_argv(st, "host1", [sys.executable, "-m", "cluster.hosts.trial", "--config", str(SPEC),
-                                           "--address", st.head_address, "--run-dir", str(h.run_dir), *args]))
+                                           "--address", st.head_address, *args]))
+
+
+def health(r: dict[str, Any]) -> dict[str, Any]:
+    """A trial's checks: tokens and blocks, KV transfers and their fallbacks, engines' step lag, load."""
+    return {"completed": r["completed"], "failed": r["failed"], "tokens_ok": r["tokens_ok"],
+            "blocks_returned": r["blocks_returned"], "kv_transfers": r["transfers"],
+            "kv_fallbacks": r["kv_fallbacks"], "loadavg_1m_at_replay": round(r["loadavg_1m_at_replay"], 2),
+            "engine_lag_max_ms": {n: v.get("lag_max_ms") for n, v in r["load"].items()}}
 
 
 def latency(r: dict[str, Any]) -> dict[str, Any]:
     return {k: {q: round(r[k][q], 2) for q in ("mean", "p50", "p99")} for k in ("ttft_ms", "tpot_ms", "itl_ms")}
+
+
+FAULTS = """name: host-faults
+events:
+- {kind: partition, at_s: 2.0, host: host2, duration_s: 3.0}
+- {kind: kill_node, at_s: 12.0, node: decode-node}
+"""
+
+
+def fault_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """What each host-level event did to the requests, and the checker's verdict."""
+    s, records = run["summary"], run["records"]
+    by_id = {r["request_id"]: r for r in records}
+    events = []
+    for imp in s["impact"]:
+        failed = [by_id[i] for i in imp["failed_ids"] if i in by_id]
+        events.append({"kind": imp["kind"], "at_s": imp["at_s"], "end_s": imp["end_s"], "failed": imp["failed"],
+                       "errors": sorted({f"{r['status']} {r['http_status']}: {r['error'][:80]}" for r in failed}),
+                       "ttft_p50_ms_before_during_after": [imp[w]["ttft_ms"]["p50"] for w in ("before", "during",
+                                                                                             "after")],
+                       "recovery_s": imp["recovery_s"]})
+    log = [{k: e.get(k) for k in ("kind", "what", "at_s", "actual_s", "done_s", "outcome", "killed", "error")}
+           for e in s["events"]]
+    return {"requests": len(records), "ok": sum(r["status"] == "ok" for r in records), "events": events,
+            "actions": log, "dead_engines": s["dead_engines"],
+            "checker": {k: s["checker"][k] for k in ("ok", "requests", "tokens_checked", "violations_by_rule")}}
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -63,8 +100,7 @@ def run(quick: bool) -> dict[str, Any]:
         one = trial([sys.executable, "-m", "cluster.hosts.trial", "--config", str(SPEC), "--one-host", *load])
         bulk = on_host1(h, st, "--requests", "3" if quick else "6", "--concurrency", "1", "--input-len", "2048",
                         "--output-len", "4", "--payload-scale", "0.25", "--transfer-timeout-ms", "10000")
-        killed = on_host1(h, st, "--requests", "24", "--rate", "6", "--output-len", "64",
-                          "--kill-host", "host2", "--kill-at", "2")
+        faults = host_chaos(h, st, SPEC, FAULTS, run_dir / "chaos", requests=48, rate=3)
     finally:
         removed = h.down()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -74,21 +110,12 @@ def run(quick: bool) -> dict[str, Any]:
         "startup": {"harness_3_hosts_s": round(harness_up_s, 2), "cluster_3_hosts_s": three["startup_s"],
                     "baseline_cluster_1_host_s": one["startup_s"]},
         "latency_3_hosts": latency(three), "latency_1_host_baseline": latency(one),
-        "checks": {"3_hosts": {"completed": three["completed"], "failed": three["failed"],
-                               "tokens_ok": three["tokens_ok"], "blocks_returned": three["blocks_returned"],
-                               "kv_transfers": three["transfers"].get("p")},
-                   "1_host": {"completed": one["completed"], "failed": one["failed"], "tokens_ok": one["tokens_ok"],
-                              "blocks_returned": one["blocks_returned"], "kv_transfers": one["transfers"].get("p")}},
+        "checks": {"3_hosts": health(three), "1_host": health(one)},
         "kv_throughput": {"cross_host_gb_s": bulk["kv_throughput_gb_s"], "tbf_cap_gb_s": cap,
                           "ratio": round(bulk["kv_throughput_gb_s"] / cap, 3) if bulk["kv_throughput_gb_s"] else None,
                           "transfers": p_bulk.get("transfers"), "bytes_real": p_bulk.get("bytes_real"),
                           "failures": p_bulk.get("failures"), "tokens_ok": bulk["tokens_ok"]},
-        "host_killed": {"killed": killed.get("killed"), "requests": killed["requests"],
-                        "completed": killed["completed"], "failed": killed["failed"],
-                        "errors": sorted({s["error"] for s in killed["short"] if s["error"]})[:5],
-                        "short": killed["short"][:8],
-                        "router_view_after": [{k: w.get(k) for k in ("name", "healthy", "eligible", "breaker", "feed")}
-                                              for w in killed["workers_after"]]},
+        "host_faults": fault_figures(faults),
         "teardown_removed": removed,
     }
 
