@@ -106,3 +106,14 @@ def test_the_driver_never_kills_or_cuts_its_own_host(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot partition host1"):
         c.partition_host("host1", on=True)
     assert killed == [] and not any("link" in a for a in run.calls) and c.dead == set()
+
+
+def test_chaos_cli_says_when_no_harness_is_up_in_the_hosts_run_dir(tmp_path: Path) -> None:
+    from cluster.cli.chaos import _harness
+
+    assert _harness(None) is None
+    with pytest.raises(ValueError, match=r"--hosts-run-dir: no harness is up in .* \(no state\.json\)"):
+        _harness(tmp_path)
+    Harness(tmp_path)._save(crashed_state(tmp_path))
+    h = _harness(tmp_path)
+    assert h is not None and h.run_dir == tmp_path
