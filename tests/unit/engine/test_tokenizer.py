@@ -25,6 +25,16 @@ def test_shared_text_prefix_gives_shared_token_prefix(prefix: str, a: str, b: st
     assert ea[: len(ep) - 1] == eb[: len(ep) - 1] == ep[:-1]
 
 
+@given(st.lists(st.text(max_size=40), max_size=20))
+def test_word_cache_gives_the_ids_of_pieces_cut_one_by_one(texts: list[str]) -> None:
+    from actors.engine.tokenizer import _PIECE, MAX_PIECE, _h64
+
+    for text in texts:  # one tokenizer across texts: later ones hit the cache of words seen before
+        expect = [RESERVED + _h64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
+                  for w in _PIECE.findall(text) for i in range(0, len(w), MAX_PIECE)]
+        assert TOK.encode(text) == expect
+
+
 def test_output_model_is_deterministic_and_in_range() -> None:
     m = OutputModel(1000)
     base = m.seed_of([1, 2, 3], 7)
