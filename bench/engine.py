@@ -131,12 +131,14 @@ def process_pids(h: ClusterHandle) -> list[int]:
 
 
 def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quick: int = 4,
-             level_s: float | None = None) -> dict[str, Any]:
+             level_s: float | None = None, start: int | None = None) -> dict[str, Any]:
     """Closed-loop ladder; per level the rate, the lag and the CPU microseconds per output token end to end
-    (worker actors + routers + this process, which runs the load generator)."""
+    (worker actors + routers + this process, which runs the load generator). The ladder starts at ``start``
+    concurrent streams (default: half the GPUs)."""
     levels = []
     best: dict[str, Any] | None = None
-    ladder = [c for c in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if c >= gpus // 2]
+    first = gpus // 2 if start is None else start
+    ladder = [c for c in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if c >= first]
     duration = level_s or (4.0 if quick else 10.0)
     pids = process_pids(h)
     for conc in ladder[:levels_quick] if quick else ladder:
