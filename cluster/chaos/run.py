@@ -11,7 +11,8 @@ to equal the engines' caches (``index_agreement``, ``index_converged``), writes 
 checker (``checker.json``), measures each event's impact (``cluster.chaos.impact``, plus the requests
 migrated off and resumed from checkpoints of its engines, ``cluster.chaos.kv_moves``) and writes
 ``chaos.json``: the load test's summary, the event log, the per-event figures, the checker's verdict and
-``kv_migration`` (live migrations, checkpoint resumes, their measured times).
+``kv_migration`` (live migrations, checkpoint resumes, their measured times) and ``router_view_after`` (each
+router's view of its workers at the end: healthy, eligible, breaker, feed).
 
 Failure behaviour: an unsupported event or one naming an unknown engine/node fails before the replay
 starts; an action that raises is logged with its error and the run goes on (the checker then judges
@@ -25,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,21 @@ def _settle(control: RayClusterControl, timeout_s: float) -> dict[str, dict[str,
         time.sleep(0.1)
 
 
+ROUTER_VIEW_KEYS = ("name", "healthy", "eligible", "breaker", "feed")
+
+
+def _router_views(router_urls: dict[str, str]) -> dict[str, Any]:
+    """What each router thinks of its workers after the run (``/workers``), or why it did not answer."""
+    out: dict[str, Any] = {}
+    for zone, url in router_urls.items():
+        try:
+            with urllib.request.urlopen(url + "/workers", timeout=10) as r:
+                out[zone] = [{k: w.get(k) for k in ROUTER_VIEW_KEYS} for w in json.loads(r.read())]
+        except (OSError, ValueError) as e:
+            out[zone] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, config: LoadTestConfig,
                     folder: Path, *, window_s: float = 10.0, settle_s: float = 10.0,
                     control: RayClusterControl | None = None) -> dict[str, Any]:
@@ -127,6 +144,7 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
     (folder / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in log))
     after = await asyncio.to_thread(_settle, control, settle_s)
     index = await asyncio.to_thread(_index_agreement, control, settle_s)
+    routers = await asyncio.to_thread(_router_views, dict(handle.router_urls))
     run = result.runs[0]
     vocab = sorted({int(d["vocab_size"]) for d in handle.engines.values() if "vocab_size" in d})
     context = {"sent_ids": [str(s.request_id) for s in run.specs], "vocab_size": vocab[0] if len(vocab) == 1 else None,
@@ -147,6 +165,7 @@ async def run_chaos(handle: Any, schedule: FaultSchedule, trace: TraceData, conf
                "dead_engines": sorted(control.dead), "replaced_engines": control.replaced,
                "engine_step_lag_ms": {n: {k: v[k] for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms") if k in v}
                                       for n, v in after.items()},
+               "router_view_after": routers,
                "index_agreement": index, "index_converged": all(v["equal"] for v in index.values()),
                "kv_events_disturbed": control.kv_disturbed, "kv_migration": moves, "loadtest": result.summary,
                "folder": str(folder)}
