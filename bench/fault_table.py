@@ -80,7 +80,12 @@ def row(dp: int, migrate: bool, kill_at_s: float | None, duration_s: float, tmp:
         # Recovery counted from the kill itself (the event's own span ends when the replacement joins).
         kill = KillEngine(at_s=kill_at_s, engine=str(events[0]["engine"]))
         imp = event_impact(kill, 0, read_records(tmp / name / REQUESTS_FILE), window_s=5.0, bin_s=0.5)
-        replaced = [e for e in s["events"] if e["what"].startswith("replace")]
+        replaced = [e for e in s["events"] if e["what"].startswith("replace") and e["outcome"] == "done"]
+        killed = [e for e in s["events"] if e["what"].startswith("kill")]
+        # A kill that did not happen must not read as a fault survived.
+        out["kill"] = killed[0]["outcome"] if killed else "not_logged"
+        if killed and killed[0]["outcome"] != "done":
+            out["kill_error"] = killed[0].get("error")
         out |= {"failed_around_kill": imp["failed"], "recovery_after_kill_s": imp["recovery_s"],
                 "replacement_joined_s": replaced[0].get("actual_s") if replaced else None,
                 "throughput_before_tok_s": round(imp["throughput_before_tok_s"], 1)}
@@ -104,7 +109,8 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(tmp_ray, ignore_errors=True)
     for r in rows:
-        print(f"dp={r['dp']} migrate={'on ' if r['migrate'] else 'off'}: failed {r['failed']}/{r['requests']}, "
+        print(f"dp={r['dp']} migrate={'on ' if r['migrate'] else 'off'}: kill {r.get('kill')}, "
+              f"failed {r['failed']}/{r['requests']}, "
               f"cut mid-stream {r['cut_streams']}, retried {r['retried']}, "
               f"recovery {r.get('recovery_after_kill_s')} s after the kill, checker "
               f"{'OK' if r['checker_ok'] else 'VIOLATIONS'}, lag p99 {r['step_lag_p99_ms']} ms")
