@@ -204,6 +204,35 @@ def _allreduce(root: Path, hw: HardwareProfile) -> dict[int, OpSamples]:
     return out
 
 
+FP8_SPEEDUP_RANGES: dict[str, tuple[int, int]] = {"m<=16": (1, 16), "m 64-256": (64, 256), "m>=1024": (1024, 1 << 30)}
+"""Token ranges (GEMM m) over which ``fp8_gemm_speedup`` reports: decode-sized, mid, prefill-sized."""
+
+
+def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
+    """Median time ratio 16-bit / fp8 of the GEMM table's shapes measured in both (n and k >= 1024), per
+    ``FP8_SPEEDUP_RANGES``; empty without both dtypes.
+
+    A diagnostic of the table, not a fit: with half the bytes and twice the tensor rate a tuned fp8 kernel
+    runs faster than the bf16 one on the same shape (H100 1.21-1.56x, L40S 1.39-1.76x). B200's vLLM 0.19
+    table runs its fp8 GEMMs no faster (0.83x at m >= 1024), so its ``gemm_fp8`` fit inherits a kernel the
+    served runs did not use: its fp8 70B prefills are predicted too slow (validate: TTFT +50-70% on TP1).
+    """
+    t = _table(_latest(gpu_dir / "gemm" / "vllm"), "gemm_perf.parquet")
+    if t is None:
+        return {}
+    times: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
+    for dt, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"], strict=True):
+        if n >= 1024 and k >= 1024:
+            times[str(dt)][(int(m), int(n), int(k))] = float(lat)
+    b16, fp8 = times.get("bfloat16", {}), times.get("fp8", {})
+    out = {}
+    for name, (lo, hi) in FP8_SPEEDUP_RANGES.items():
+        ratios = [b16[key] / lat for key, lat in fp8.items() if lo <= key[0] <= hi and key in b16 and lat > 0]
+        if ratios:
+            out[name] = round(float(np.median(ratios)), 3)
+    return out
+
+
 def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
     """Every op family's samples for ``hw`` from its table folder (families without a table are absent)."""
     loaders: dict[str, Callable[[], OpSamples | None]] = {

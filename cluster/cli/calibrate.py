@@ -10,12 +10,14 @@ from rich.table import Table
 
 from actors.calibration import (
     DEFAULT_DATA,
+    FP8_SPEEDUP_RANGES,
     OP_DATA,
     OP_TABLE_GPUS,
     OpError,
     OpFitResult,
     current_op_errors,
     fit_hardware_ops,
+    fp8_gemm_speedup,
     load_points,
     splitwise_report,
     write_presets,
@@ -73,6 +75,20 @@ def run(args: argparse.Namespace) -> int:
     for e in errors:
         if e.excluded:
             out.print(f"{e.hardware} {e.family}: {e.excluded}")
+    speedups = {name: fp8_gemm_speedup(args.data / OP_TABLE_GPUS[name]) for name in names}
+    sp = Table(title="fp8 GEMM table against the bf16 one on the same shapes (time bf16 / fp8; a tuned fp8 "
+                     "kernel is faster: > 1)")
+    ranges = sorted({r for v in speedups.values() for r in v}, key=list(FP8_SPEEDUP_RANGES).index)
+    for col in ("hardware", *ranges):
+        sp.add_column(col, justify="left" if col == "hardware" else "right")
+    for name, v in speedups.items():
+        if v:
+            sp.add_row(name, *(f"{v[r]:.2f}x" if r in v else "-" for r in ranges))
+    out.print(sp)
+    for name, v in speedups.items():
+        if v and min(v.values()) < 1.0:
+            out.print(f"{name}: its fp8 GEMM table is no faster than its bf16 one somewhere ({v}): the fp8 fit "
+                      "follows a kernel slower than a tuned one")
     report = []
     if args.splitwise.exists():
         report = splitwise_report(cat, load_points(args.splitwise))
@@ -101,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                                   "decode_median_ape": round(g.decode_median, 4),
                                   "decode_bias": round(g.decode_bias, 4)} for g in report],
             "fitted_on": {f.hardware: f.efficiency.fitted_on for f in fits},
+            "fp8_gemm_speedup": {name: v for name, v in speedups.items() if v},
         })
     return 0
 

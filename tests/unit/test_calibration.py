@@ -17,6 +17,7 @@ from actors.calibration import (
     OpSamples,
     current_op_errors,
     fit_op,
+    fp8_gemm_speedup,
     load_op_tables,
     load_points,
     op_error,
@@ -145,3 +146,14 @@ def test_op_time_grows_with_flops_and_bytes_and_pays_its_unit_cost() -> None:
     assert fit.ms(1e9, 2e8, 64, peak_f, peak_b, 512) >= base
     assert OpFit(unit_ns=100.0).ms(0.0, 1e6, 1, peak_f, peak_b, 1000) == pytest.approx(
         OpFit().ms(0.0, 1e6, 1, peak_f, peak_b, 1000) + 0.1)
+
+
+def test_fp8_gemm_speedup_flags_b200s_untuned_fp8_table(op_data: Path) -> None:
+    # Hopper's fp8 GEMMs beat its bf16 ones on the same shapes; B200's vLLM 0.19 table does not (a diagnostic
+    # calibrate prints: B200's fp8 fit follows a kernel slower than the served runs used).
+    h100 = fp8_gemm_speedup(op_data / OP_TABLE_GPUS["h100-80g-sxm"])
+    b200 = fp8_gemm_speedup(op_data / OP_TABLE_GPUS["b200-180g-sxm"])
+    assert set(h100) == {"m<=16", "m 64-256", "m>=1024"}
+    assert min(h100.values()) > 1.1
+    assert b200["m>=1024"] < 1.0
+    assert fp8_gemm_speedup(op_data / OP_TABLE_GPUS["a100-80g-sxm"]) == {}  # no fp8 rows
