@@ -17,7 +17,8 @@ Figures (each beside its same-run baseline):
 
 ``--quick`` measures the overhead (small counts) and, with ``--parts prefix``, one small sweep point;
 ``--parts`` and ``--policies`` pick what a full run measures; ``--parts profile`` adds where the router's
-CPU goes by layer (``bench/router_profile.py``).
+CPU goes by layer (``bench/router_profile.py``); ``--parts prefix-virtual`` replays the prefix sweep on virtual
+time (``bench/router_virtual.py``: kvmesh's policies, several seeds, seconds per point, no Ray).
 sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing; ``--no-sglang``
 skips it, and the figures say so).
 """
@@ -502,12 +503,16 @@ def main() -> None:
     p.add_argument("--prefix-seed", type=int, default=0, help="prefix part: added to every point's workload seed")
     p.add_argument("--records", type=Path, default=None,
                    help="prefix part: keep each run's folder (per-request records) under this directory")
+    p.add_argument("--virtual-seeds", default="0,1",
+                   help="prefix-virtual part (bench/router_virtual.py): seeds added to every point's seed")
     p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
                    help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
     parts = set(args.parts.split(","))
-    sgl_py = None if args.no_sglang else sglang_python(install=not args.quick)
-    start_local_ray()
+    live = bool(parts & {"overhead", "quality", "prefix", "regions"})  # the parts that launch clusters on Ray
+    sgl_py = None if args.no_sglang or not live else sglang_python(install=not args.quick)
+    if live:
+        start_local_ray()
     result: dict[str, Any] = {"bench": "router", "sglang_router": sgl_py is not None}
     if sgl_py is None:
         result["note"] = "sgl-router not available (--no-sglang, or not installed in --quick): its figures are absent"
@@ -521,6 +526,12 @@ def main() -> None:
             result["prefix"] = prefix_heavy(sgl_py, ratios, 60 if args.quick else args.prefix_requests,
                                             args.prefix_rate, tuple(args.prefix_policies.split(",")),
                                             args.prefix_seed, args.records)
+        if "prefix-virtual" in parts:
+            from bench.router_virtual import prefix_virtual
+
+            ratios = [2.0] if args.quick else [float(r) for r in args.ratios.split(",")]
+            result["prefix_virtual"] = prefix_virtual(ratios, [int(s) for s in args.virtual_seeds.split(",")],
+                                                      60 if args.quick else args.prefix_requests, args.prefix_rate)
         if not args.quick and "regions" in parts:
             result["regions"] = regions(False)
         if "profile" in parts:
