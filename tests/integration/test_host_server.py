@@ -17,7 +17,7 @@ from actors.engine.engine import Engine
 from actors.feed import FeedHub
 from actors.host_server import HostServer, engine_of_path
 from actors.metrics import EngineMetrics
-from actors.server import EngineServer
+from actors.server import YIELD_AFTER_BODY_BYTES, EngineServer
 from cluster.router.feed import FeedClient
 from cluster.router.prefix_index import PrefixIndex
 from cluster.router.view import WorkerId, WorkerInfo
@@ -158,3 +158,25 @@ async def test_stream_interval_sends_the_first_token_at_once_then_groups(interva
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     with pytest.raises(ValueError):
         EngineServer(engine, EngineMetrics("lesson", "t"), stream_interval=0)
+
+
+async def test_a_long_prompt_is_served_and_its_blocks_hit_on_the_next_request(
+        host: tuple[HostServer, dict[str, Engine]]) -> None:
+    """A body past ``YIELD_AFTER_BODY_BYTES`` (parsed, then admitted a loop turn later) with hashes computed as
+    its chunks fill: the same prompt again hits every full block but the last token's."""
+    server, engines = host
+    n = 12_000
+    prompt = [16 + (i * 7919) % 30_000 for i in range(n)]
+    raw = json.dumps({"prompt": prompt, "max_tokens": 3, "ignore_eos": True}).encode()
+    assert len(raw) >= YIELD_AFTER_BODY_BYTES
+    async with aiohttp.ClientSession() as s:
+        cached = []
+        for _ in range(2):
+            async with s.post(server.engine_url("a") + "/v1/completions", data=raw,
+                              headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200
+                usage = (await r.json())["usage"]
+            assert usage["prompt_tokens"] == n and usage["completion_tokens"] == 3
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+    bs = engines["a"].cfg.block_size
+    assert cached == [0, (n - 1) // bs * bs]
