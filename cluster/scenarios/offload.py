@@ -22,6 +22,10 @@ ratio (prompt tokens served from the GPU cache or a lower tier, over prompt toke
 shares, TTFT p50/p99 and E2E in emulated ms, output tokens per emulated second, preemptions, tier loads and
 fallbacks. The ideal hit ratio of the trace is computed from its hash ids (a block whose id appeared in an
 earlier request is a hit: an infinite cache that never misses what it saw), by blocks and token-weighted.
+
+Low pressure (the card's "3-5% overhead"): batches that fit in HBM and share nothing (``LOW_PRESSURE_SHAPES``),
+each configuration against NATIVE_ONLY; the only difference is the connector's store path priced per step
+(``actors.engine.tiers.overhead``: LMCache's synchronous gather over PCIe, vLLM's DMA against HBM).
 """
 
 from __future__ import annotations
