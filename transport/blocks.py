@@ -73,6 +73,20 @@ class Block:
         return b
 
     @staticmethod
+    def decoded(block_id: int, payload: memoryview, layers: tuple[int, int], checksum: int,
+                algo: ChecksumName) -> Block:
+        """A block a receiver decoded from a frame, without re-validating it: the frame's fields were
+        checked as they were read (``field_int``, ``field_layers``; a msgpack integer always fits 64
+        bits). Skips ``__init__`` as ``over`` does: it runs once per received block."""
+        b: Block = _new_block(Block)
+        _set_block_id(b, block_id)
+        _set_payload(b, payload)
+        _set_layers(b, layers)
+        _set_checksum(b, checksum)
+        _set_checksum_algo(b, algo)
+        return b
+
+    @staticmethod
     def of(block_id: int, payload: Any, layers: tuple[int, int] = (0, 1)) -> Block:
         """A block over ``payload`` (any C-contiguous buffer; viewed read-only, not copied), without a checksum."""
         return Block(BlockId(block_id), as_bytes_view(payload).toreadonly(), (int(layers[0]), int(layers[1])))

@@ -232,6 +232,8 @@ class FrameDecoder:
                 self._parse_header(self._stage_view[self._r:self._r + HEADER_SIZE])
                 self._r += HEADER_SIZE
                 self._state = self._META
+                if self._meta_len + self._payload_len <= avail - HEADER_SIZE and self._whole(out):
+                    continue
             elif self._state == self._META:
                 if avail < self._meta_len:
                     return
@@ -265,6 +267,34 @@ class FrameDecoder:
                 intact = checksum_of(self._algo, view) == self._psum
                 out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact))
                 self._state = self._HEAD
+
+    def _whole(self, out: list[Frame]) -> bool:
+        """Decode a frame whose metadata and payload are already staged in one step (small frames: the
+        common case of control frames and small pushes), instead of one state per pass; False (nothing
+        consumed, state unchanged) when the pool has no buffer for its payload."""
+        h = self._header
+        assert h is not None
+        r = self._r
+        body = r + self._meta_len
+        n = self._payload_len
+        if n:
+            lease = self.pool.acquire(n)
+            if lease is None:
+                return False
+            try:
+                meta = h.check_meta(self._stage_view[r:body])
+            except FrameError:
+                lease.release()
+                raise
+            view = lease.view
+            view[:] = self._stage_view[body:body + n]
+            self._r = body + n
+            out.append(Frame(h.type, meta, view, lease, h.checksum, h.algo, checksum_of(h.algo, view) == h.checksum))
+        else:
+            self._r = body
+            out.append(Frame(h.type, h.check_meta(self._stage_view[r:body]), _EMPTY, None, 0, h.algo))
+        self._state = self._HEAD
+        return True
 
     def _parse_header(self, head: memoryview) -> None:
         h = parse_header(head, self.limits)

@@ -152,7 +152,7 @@ class Client:
             p.bad = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
             return False
         assert f.lease is not None or f.payload.nbytes == 0
-        p.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        p.blocks.append(Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo))
         if f.lease is not None:
             p.leases.append(f.lease)
         return True

@@ -138,7 +138,7 @@ class Server:
         if st.bad is not None:
             f.release()
             return
-        st.blocks.append(Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo))
+        st.blocks.append(Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo))
         st.leases.append(f.lease)
 
     def _push_one(self, t: int, f: Frame) -> None:
@@ -165,7 +165,7 @@ class Server:
             self._ack(t, err)
             return
         self.owner.inbox.deliver(RequestId(request_id),
-                                 (Block(BlockId(b), f.payload.toreadonly(), layers, f.checksum, f.algo),),
+                                 (Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo),),
                                  (f.lease,))
         self._ack(t, None)
 
