@@ -49,6 +49,10 @@ class FakeControl:
     def set_transfer_faults(self, plan: Mapping[str, Any] | None) -> None:
         self.calls.append(("transfer_faults", plan))
 
+    def kill_store(self, region: str | None, replica: int | None) -> list[str]:
+        self.calls.append(("kill_store", (region, replica)))
+        return []
+
 
 def run(actions: list[Action]) -> FakeControl:
     c = FakeControl()
