@@ -17,6 +17,7 @@ ucxx's values (not the user's) the context is created with UCX's own defaults in
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -72,8 +73,18 @@ class UcxWorker:
 
     Requests are posted with a completion callback, called on the loop (never inside UCX) with
     ``None`` or the request's error. Invariant: every posted request stays referenced (with its buffer)
-    until its callback ran. ``close`` cancels nothing by itself: connections close their endpoints
-    first (which cancels their receives), then the worker stops progressing.
+    until its callback ran.
+
+    Completions are found by polling (libucxx has no completion callback without its notifier thread),
+    so the scan is kept short: requests queue per channel (sends or receives of one endpoint and tag,
+    or worker-wide receives of one tag) and only each channel's oldest is polled; its callback runs,
+    then the next one's, in posting order. Tag matching is first-in first-out within a channel, so a
+    later request rarely completes first, and when it does its callback waits for the older one (it
+    is never lost: a closed endpoint completes all of its requests, cancelled). The scan runs only
+    after progress made events or a request was posted, not on every spin.
+
+    ``close`` cancels nothing by itself: connections close their endpoints first (which cancels their
+    receives), then the worker stops progressing.
     """
 
     def __init__(self) -> None:
@@ -85,8 +96,11 @@ class UcxWorker:
         self.worker.init_blocking_progress_mode()
         self.address: bytes = self.worker.address.tobytes()
         self._fd: int = self.worker.epoll_file_descriptor
-        self._waiting: list[tuple[Any, Done, Any]] = []
+        self._channels: dict[tuple[Any, ...], collections.deque[tuple[Any, Done, Any]]] = {}
+        self._outstanding = 0
         self._kick: asyncio.Future[None] | None = None
+        self._fresh = False
+        """A request was posted since the last scan for completions."""
         self._closed = False
         self._task = self.loop.create_task(self._run())
         self.spins = 0
@@ -94,26 +108,31 @@ class UcxWorker:
 
     @property
     def outstanding(self) -> int:
-        return len(self._waiting)
+        return self._outstanding
 
-    def _add(self, req: Any, done: Done, keep: Any) -> None:
-        self._waiting.append((req, done, keep))
+    def _add(self, channel: tuple[Any, ...], req: Any, done: Done, keep: Any) -> None:
+        q = self._channels.get(channel)
+        if q is None:
+            q = self._channels[channel] = collections.deque()
+        q.append((req, done, keep))
+        self._outstanding += 1
+        self._fresh = True  # it may have completed as it was posted (an eager send), without progress
         if self._kick is not None and not self._kick.done():
             self._kick.set_result(None)
 
     def send(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
         arr = _array(buf)
-        self._add(ep.tag_send(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+        self._add(("s", id(ep), tag), ep.tag_send(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
 
     def recv(self, ep: Any, buf: Any, tag: int, done: Done) -> None:
         """Receive on ``ep`` (closing ``ep`` cancels it)."""
         arr = _array(buf)
-        self._add(ep.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+        self._add(("r", id(ep), tag), ep.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
 
     def recv_any(self, buf: Any, tag: int, done: Done) -> None:
         """Receive from any peer on this worker (hellos)."""
         arr = _array(buf)
-        self._add(self.worker.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
+        self._add(("a", tag), self.worker.tag_recv(arr, self.lib.UCXXTag(tag)), done, (arr, buf))
 
     async def wait_send(self, ep: Any, buf: Any, tag: int) -> None:
         fut: asyncio.Future[None] = self.loop.create_future()
@@ -134,35 +153,39 @@ class UcxWorker:
             self.worker, lib.UCXAddress.create_from_buffer(worker_address), error_handling)
 
     def _reap(self) -> bool:
-        done_any = False
-        keep: list[tuple[Any, Done, Any]] = []
         finished: list[tuple[Done, BaseException | None]] = []
-        for entry in self._waiting:
-            req = entry[0]
-            if req.completed:
+        emptied: list[tuple[Any, ...]] = []
+        for channel, q in self._channels.items():
+            while q and q[0][0].completed:
+                req, done, _keep = q.popleft()
                 exc: BaseException | None = None
                 try:
                     req.check_error()
                 except Exception as e:
                     exc = e
-                finished.append((entry[1], exc))
-                done_any = True
-            else:
-                keep.append(entry)
-        self._waiting = keep
+                finished.append((done, exc))
+            if not q:
+                emptied.append(channel)
+        for channel in emptied:
+            del self._channels[channel]
+        self._outstanding -= len(finished)
         for done, exc in finished:
             try:
                 done(exc)
             except Exception:
                 log.exception("UCX completion callback failed")
-        return done_any
+        return bool(finished)
 
     async def _run(self) -> None:
         worker = self.worker
         quiet_since = time.perf_counter()
+        progress_once = worker.progress_once
         while not self._closed:
-            worker.progress()
-            if self._waiting and self._reap():
+            progressed = self._fresh
+            self._fresh = False
+            while progress_once():  # what progress() does, telling whether anything happened
+                progressed = True
+            if progressed and self._outstanding and self._reap():  # no event, no completion: skip the scan
                 quiet_since = time.perf_counter()
             elif time.perf_counter() - quiet_since > SPIN_S:
                 await self._sleep()
@@ -197,7 +220,7 @@ class UcxWorker:
         for _ in range(100):  # let cancellations of closed endpoints' receives come back
             self.worker.progress()
             self._reap()
-            if not self._waiting:
+            if not self._outstanding:
                 break
             await asyncio.sleep(0)
         self._closed = True
@@ -205,7 +228,8 @@ class UcxWorker:
             self._kick.set_result(None)
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        self._waiting.clear()
+        self._channels.clear()
+        self._outstanding = 0
 
 
 def ucx_available() -> str | None:
