@@ -64,16 +64,10 @@ class Block:
         the id and layers were validated when this block was made). Skips ``__init__``: it is called per
         block on hot paths (a receiver copying blocks out), where dataclass construction costs as much
         as copying 64 KiB."""
-        b: Block = _new_block(Block)
-        _set_block_id(b, self.block_id)
-        _set_payload(b, payload)
-        _set_layers(b, self.layers)
-        _set_checksum(b, self.checksum)
-        _set_checksum_algo(b, self.checksum_algo)
-        return b
+        return Block.decoded(self.block_id, payload, self.layers, self.checksum, self.checksum_algo)
 
     @staticmethod
-    def decoded(block_id: int, payload: memoryview, layers: tuple[int, int], checksum: int,
+    def decoded(block_id: int, payload: memoryview, layers: tuple[int, int], checksum: int | None,
                 algo: ChecksumName) -> Block:
         """A block a receiver decoded from a frame, without re-validating it: the frame's fields were
         checked as they were read (``field_int``, ``field_layers``; a msgpack integer always fits 64
