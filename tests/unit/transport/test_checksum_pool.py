@@ -100,3 +100,15 @@ async def test_byte_budget_bounds_and_cancels_cleanly() -> None:
     budget.release(60)
     await budget.acquire(500)  # larger than the capacity: admitted alone
     assert budget.used == 500
+
+
+async def test_byte_budget_try_acquire_never_jumps_the_queue() -> None:
+    budget = ByteBudget(100)
+    assert budget.try_acquire(60) and budget.used == 60
+    assert not budget.try_acquire(60) and budget.used == 60  # no room: refused, nothing taken
+    waiter = asyncio.ensure_future(budget.acquire(50))
+    await asyncio.sleep(0)
+    assert not budget.try_acquire(10)  # room, but someone waits first
+    budget.release(60)
+    await waiter
+    assert budget.try_acquire(50) and budget.used == 100
