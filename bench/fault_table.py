@@ -2,8 +2,10 @@
 and at four): failed requests and recovery time, with request migration off and on.
 
 Each row launches ``dp`` colocated Llama-3.1-8B engines on emulated H100s behind the router (least loaded),
-replays an open-loop Poisson workload sized to the replicas (``RATE_PER_REPLICA`` requests/s each, ~200
-output tokens), and kills engine ``w-0`` at ``KILL_AT_S``; a fresh engine replaces it ``REPLACE_AFTER_S``
+replays an open-loop Poisson workload sized to the replicas (``RATE_PER_REPLICA`` requests/s each, ~600
+output tokens: about eight streams per engine at once, so the killed engine is busy at the kill; with
+~200 tokens the seeded dp=4 run killed ``w-0`` 0.2 s after its last stream ended and nothing was cut), and
+kills engine ``w-0`` at ``KILL_AT_S``; a fresh engine replaces it ``REPLACE_AFTER_S``
 later (so one replica can recover at all). ``migrate``: the router continues a stream cut by the kill on
 another engine (``RouterSpec.migrate``), else the client gets an error. Figures per row, from the chaos
 run: requests failed (and of how many), recovery time (``recovery_after_kill_s``: emulated s from the kill
@@ -41,7 +43,7 @@ def workload(dp: int, duration_s: float) -> str:
     return (f"format: synthetic\nnum_requests: {int(RATE_PER_REPLICA * dp * duration_s)}\n"
             f"rate: {RATE_PER_REPLICA * dp}\nblock_size: 16\n"
             "input_len: {kind: uniform, mean: 512, spread: 256}\n"
-            "output_len: {kind: uniform, mean: 200, spread: 50}\nseed: 11\n")
+            "output_len: {kind: uniform, mean: 600, spread: 100}\nseed: 11\n")
 
 
 def row(dp: int, migrate: bool, kill_at_s: float | None, duration_s: float, tmp: Path) -> dict[str, Any]:
