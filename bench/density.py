@@ -54,6 +54,10 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "new": {},
     "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED, "engine_clock": "spin"},
 }
+VARIANTS: dict[str, dict[str, Any]] = {"new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"}}
+"""Measured only when ``--layouts`` names them: the default layout with another way of waking engines at their
+step deadlines (the default, ``thread``, wakes a helper thread and then the loop: two wake-ups a step, each one
+a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline)."""
 OLD_LAYOUT_MAX_GPUS = 16
 """Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
 
@@ -114,7 +118,7 @@ SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "layouts": tup
 def capacity_part(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
     for gpus in (4,) if quick else SETTINGS["gpus"]:
-        for label, layout in ((k, v) for k, v in LAYOUTS.items() if k in SETTINGS["layouts"]):
+        for label, layout in ((k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in SETTINGS["layouts"]):
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
                 out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
                 continue
@@ -175,7 +179,7 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
         return {"mooncake_skipped": f"{MOONCAKE} is absent"}
     seconds = 15.0 if quick else 60.0
     out: dict[str, Any] = {"mooncake_seconds": seconds}
-    for label, layout in LAYOUTS.items():
+    for label, layout in {**LAYOUTS, **VARIANTS}.items():
         if (quick and label == "old") or label not in SETTINGS["layouts"]:
             continue
         out[f"mooncake_8gpu_{label}"] = mooncake(label, layout, seconds)
@@ -246,11 +250,12 @@ def main() -> None:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help="capacity and mooncake: layouts measured")
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help=f"capacity and mooncake: layouts measured, of {', '.join([*LAYOUTS, *VARIANTS])}")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
     SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
-    SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS)
+    SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS or x in VARIANTS)
     parts = [x for x in args.parts.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
     if unknown:
