@@ -35,16 +35,24 @@ from actors.openai_api import (
     CompletionRequest,
     ResponseShapes,
     error_body,
-    parse_body,
     parse_json_object,
     sse,
+    validate_request,
 )
 from config.cluster import DisaggSpec
 
 DISCONNECTS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 YIELD_AFTER_BODY_BYTES = 64 * 1024
-"""A body this large (about 10k prompt tokens) takes milliseconds to parse and as many to admit: the handler
-lets the loop run once in between, so the engines of the process keep their step deadlines."""
+"""A body this large (about 10k prompt tokens) takes milliseconds to parse, validate and admit: the handler
+lets the loop run once between each, so the engines of the process keep their step deadlines."""
+
+
+async def let_loop_run(turns: int = 3) -> None:
+    """Give the loop ``turns`` turns: a wake-up that is a chain of callbacks (the clock's thread waker posts
+    ``fire``, which resolves a step's future, which schedules the engine's task) runs its whole chain before
+    this coroutine goes on; one ``sleep(0)`` would let only the first link run, the rest queued behind it."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
 
 
 def json_error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -309,9 +317,13 @@ class EngineServer:
             return json_error(503, "engine is draining: send the request elsewhere")
         try:
             raw = await request.read()
-            req = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
-            if len(raw) >= YIELD_AFTER_BODY_BYTES:
-                await asyncio.sleep(0)  # steps due now run between parsing a long prompt and admitting it
+            big = len(raw) >= YIELD_AFTER_BODY_BYTES
+            data = parse_json_object(raw)
+            if big:  # steps due now run between parsing, validating and admitting a long prompt
+                await let_loop_run()
+            req = validate_request(data, ChatCompletionRequest if chat else CompletionRequest)
+            if big:
+                await let_loop_run()
             if req.model is not None and req.model != self.engine.cfg.model_name:
                 return json_error(404, f"The model `{req.model}` does not exist.", "model")
             prompt_ids = self._prompt_ids(req)
