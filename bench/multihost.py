@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,10 @@ def fault_figures(run: dict[str, Any]) -> dict[str, Any]:
                        "recovery_s": imp["recovery_s"]})
     log = [{k: e.get(k) for k in ("kind", "what", "at_s", "actual_s", "done_s", "outcome", "killed", "error")}
            for e in s["events"]]
-    return {"requests": len(records), "ok": sum(r["status"] == "ok" for r in records), "events": events,
-            "actions": log, "dead_engines": s["dead_engines"],
+    not_ok = Counter(f"{r['status']} {r['http_status']}: {r['error'][:60]}" for r in records if r["status"] != "ok")
+    return {"requests": len(records), "ok": sum(r["status"] == "ok" for r in records), "not_ok": dict(not_ok),
+            "events": events, "actions": log, "dead_engines": s["dead_engines"],
+            "router_view_after": s.get("router_view_after"),
             "checker": {k: s["checker"][k] for k in ("ok", "requests", "tokens_checked", "violations_by_rule")}}
 
 

@@ -125,3 +125,5 @@ def test_a_host_killed_through_the_chaos_schedule_loses_its_engines_and_every_re
     assert len(records) == 54 and s["checker"]["requests"] == 54
     late = [r for r in records if r["sent_ms"] > kill["done_s"] * 1000.0 + 1000.0]
     assert late and all(r["status"] != "ok" for r in late)  # the only decode host is gone: refused, not hung
+    (view,) = s["router_view_after"].values()
+    assert [w["name"] for w in view if not w["eligible"]] == ["d"], view  # the router gave up on d alone
