@@ -1,0 +1,89 @@
+"""The offload comparison live: the first seconds of the Mooncake conversation trace through a launched cluster
+(Ray actors, router, HTTP, TCP transport, real tier and store bytes), NATIVE_ONLY against LMCACHE.
+
+Clusters: the presets ``config/presets/scenario-offload-native-only.yaml`` and ``scenario-offload-lmcache.yaml``
+(4 x H100, Llama-3.1-8B, kv_aware; LMCACHE adds a CPU tier per engine and the region's shared store), run at
+``--time-scale`` (wall seconds per emulated second; slow enough that step lag stays under the trust threshold).
+
+Reported per configuration: the prefix hit ratio the engines counted (GPU prefix-cache hits plus external hits:
+CPU tier and store, over prompt tokens queried, from the engines' vLLM counters before and after), TTFT p50/p99
+in emulated ms, step lag p50/p99 (wall ms) and whether the run was flagged untrustworthy (with the load test's
+notes); beside them the trace's ideal block hit ratio (an infinite cache, from its hash ids) as the baseline.
+``--quick``: a 20 s slice. The last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import emit, parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = {"NATIVE_ONLY": "scenario-offload-native-only.yaml", "LMCACHE": "scenario-offload-lmcache.yaml"}
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+
+
+def run_one(config: str, seconds: float, time_scale: float, start_s: float) -> dict[str, Any]:
+    from cluster.launch import launch
+    from cluster.loadtest import ClientConfig, LoadTestConfig, ReplayConfig, read_trace, run_sync
+    from cluster.loadtest.formats import ReadOptions
+    from cluster.loadtest.scrape import counter_delta
+    from cluster.loadtest.session import WorkloadSlice, run_loadtest
+    from config import ClusterSpec
+    from config.yamlio import read_yaml
+
+    raw = read_yaml(ROOT / "config" / "presets" / PRESETS[config])
+    spec = ClusterSpec.model_validate({**raw, "time_scale": time_scale})
+    trace = read_trace(TRACE, "mooncake", ReadOptions(block_size=512))
+    cfg = LoadTestConfig(name=f"offload-live-{config.lower()}",
+                         slice=WorkloadSlice(start_s=start_s, duration_s=seconds),
+                         replay=ReplayConfig(), client=ClientConfig(time_scale=time_scale, request_timeout_s=600.0),
+                         progress=False, plots=False)
+    t0 = time.monotonic()
+    with launch(spec) as h:
+        result = run_sync(run_loadtest(h.router_url, trace, cfg, out_root=None))
+    run = result.runs[0]
+    s = run.summary
+    before, after = run.result.before, run.result.after
+    queries = counter_delta(before, after, "vllm:prefix_cache_queries") or 0.0
+    gpu = counter_delta(before, after, "vllm:prefix_cache_hits") or 0.0
+    ext = counter_delta(before, after, "vllm:external_prefix_cache_hits") or 0.0
+    return {"config": config, "requests": s.get("completed"), "failed": s.get("failed"),
+            "prefix_hit_ratio": round((gpu + ext) / queries, 4) if queries else None,
+            "gpu_hit_ratio": round(gpu / queries, 4) if queries else None,
+            "external_hit_ratio": round(ext / queries, 4) if queries else None,
+            "ideal_block_hit_ratio": s.get("trace_ideal_block_hit_ratio"),
+            "ttft_p50_ms": (s.get("ttft_ms") or {}).get("p50"), "ttft_p99_ms": (s.get("ttft_ms") or {}).get("p99"),
+            "step_lag_ms": s.get("step_lag_ms"), "send_lag_wall_ms": s.get("send_lag_wall_ms"),
+            "suggested_time_scale": s.get("suggested_time_scale"), "trustworthy": s.get("trustworthy"),
+            "notes": s.get("notes"), "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def main() -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=600.0, help="trace seconds to replay (default 600)")
+    p.add_argument("--start", type=float, default=0.0, help="skip this many trace seconds")
+    p.add_argument("--time-scale", type=float, default=2.5, help="wall seconds per emulated second")
+    p.add_argument("--configs", default="NATIVE_ONLY,LMCACHE", help="comma-separated subset of NATIVE_ONLY,LMCACHE")
+    args = p.parse_args()
+    if not TRACE.exists():
+        emit({"skipped": f"{TRACE} is absent (the shared data folder is not next to the checkout)"})
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in PRESETS]
+    if unknown:
+        p.error(f"unknown configuration(s) {unknown} (known: {', '.join(PRESETS)})")
+    seconds = 20.0 if args.quick else args.seconds
+    rows = [run_one(c, seconds, args.time_scale, args.start) for c in configs]  # each launch owns its Ray
+    emit({"trace": "mooncake conversation", "start_s": args.start, "seconds": seconds,
+          "time_scale": args.time_scale, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
