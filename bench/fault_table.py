@@ -3,7 +3,7 @@ and at four): failed requests and recovery time, with request migration off and 
 
 Each row launches ``dp`` colocated Llama-3.1-8B engines on emulated H100s behind the router (least loaded),
 replays an open-loop Poisson workload sized to the replicas (``RATE_PER_REPLICA`` requests/s each, ~600
-output tokens: about eight streams per engine at once, so the killed engine is busy at the kill; with
+output tokens: several streams per engine at once, so the killed engine is busy at the kill (6 cut at dp=4); with
 ~200 tokens the seeded dp=4 run killed ``w-0`` 0.2 s after its last stream ended and nothing was cut), and
 kills engine ``w-0`` at ``KILL_AT_S``; a fresh engine replaces it ``REPLACE_AFTER_S``
 later (so one replica can recover at all). ``migrate``: the router continues a stream cut by the kill on
