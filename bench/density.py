@@ -11,7 +11,8 @@ Layouts compared in the same run:
 
 Figures (``--parts``, default all):
 - ``idle``: cores the worker actors and the router burn together with no request, for 64 and 256 emulated
-  GPUs (``IDLE_GPUS_PER_ACTOR`` to an actor: 256 actors do not fit this host), new feed vs old feed; per
+  GPUs (``IDLE_GPUS_PER_ACTOR`` to an actor: 256 actors do not fit this host), with each named layout's feed
+  and clock (``new``: new feed; ``old``: old feed, spin clock; ``new_spin``: new feed, spin clock); per
   emulated GPU too. Goal: 256 idle GPUs under 0.1 core.
 - ``capacity``: the highest output tokens/s streamed through the router with engine step-lag p99 <= 5 ms
   (``bench/engine.py``'s closed-loop ladder from min(GPUs / 2, 8) streams: concurrency rises until the lag
@@ -23,7 +24,8 @@ Figures (``--parts``, default all):
   scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms.
 - ``clock``: capacity at 4 GPUs with each ``engine_clock`` (spin: the loop polls the last ms before a
   deadline; thread: a helper thread sleeps off the loop; timer: the loop's timers alone).
-- ``invariance``: one synthetic trace (240 requests at 12/s) on 8 GPUs in both layouts: TTFT/TPOT p50/p99.
+- ``invariance``: one synthetic trace (240 requests at 12/s) on 8 GPUs as 8 processes and as 1, everything else
+  the default, and in the old layout: TTFT/TPOT p50/p99. Goal: 1 process within 5% of 8 processes.
 ``--quick`` (about a minute): idle at 64 GPUs only, capacity at 4 GPUs (3 levels of 4 s), Mooncake 15 s,
 new layout only for Mooncake. The host is shared: other processes' load shows in every figure.
 """
@@ -62,6 +64,11 @@ OLD_LAYOUT_MAX_GPUS = 16
 """Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
 
 
+def measured_layouts() -> list[tuple[str, dict[str, Any]]]:
+    """The layouts ``--layouts`` names, in the order of ``LAYOUTS`` then ``VARIANTS``."""
+    return [(k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in SETTINGS["layouts"]]
+
+
 def spec(gpus: int, layout: dict[str, Any], scale: float = 1.0, nodes: int = 1) -> ClusterSpec:
     per = gpus // nodes
     return ClusterSpec.model_validate({
@@ -71,8 +78,13 @@ def spec(gpus: int, layout: dict[str, Any], scale: float = 1.0, nodes: int = 1) 
         "router": {"policy": "least_loaded"}})
 
 
-def idle(gpus: int, feed: dict[str, Any], settle_s: float, window_s: float) -> dict[str, Any]:
-    h = launch(spec(gpus, {"gpus_per_actor": min(gpus, IDLE_GPUS_PER_ACTOR), "feed": feed}))
+IDLE_KEYS = ("feed", "engine_clock")
+"""What the idle part takes from a layout: its feed and its clock (the actor size is ``IDLE_GPUS_PER_ACTOR``)."""
+
+
+def idle(gpus: int, layout: dict[str, Any], settle_s: float, window_s: float) -> dict[str, Any]:
+    kept = {k: v for k, v in layout.items() if k in IDLE_KEYS}
+    h = launch(spec(gpus, {"gpus_per_actor": min(gpus, IDLE_GPUS_PER_ACTOR), **kept}))
     try:
         time.sleep(settle_s)
         pids = dict(enumerate(process_pids(h)))
@@ -92,18 +104,20 @@ def idle(gpus: int, feed: dict[str, Any], settle_s: float, window_s: float) -> d
 
 
 def idle_part(quick: bool) -> dict[str, Any]:
+    """Idle cores of each layout named in ``--layouts`` (its feed and clock), at 64 and 256 GPUs."""
     settle, window = (2.0, 4.0) if quick else (5.0, 15.0)
     out: dict[str, Any] = {"window_s": window, "gpus_per_actor": IDLE_GPUS_PER_ACTOR}
     for gpus in (64,) if quick else (64, 256):
-        for label, feed in (("new", {}), ("old", OLD_FEED)):
-            r = idle(gpus, feed, settle, window)
+        for label, layout in measured_layouts():
+            r = idle(gpus, layout, settle, window)
             out[f"idle_{gpus}gpu_{label}"] = r
-            print(f"idle {gpus} GPUs, {label} feed: {r}", flush=True)
-        new, old = out[f"idle_{gpus}gpu_new"]["cores"], out[f"idle_{gpus}gpu_old"]["cores"]
-        out[f"idle_{gpus}gpu_cores_ratio_new_over_old"] = round(new / old, 4) if old > 0 else None
+            print(f"idle {gpus} GPUs, {label} layout (feed and clock): {r}", flush=True)
+        new, old = out.get(f"idle_{gpus}gpu_new", {}).get("cores"), out.get(f"idle_{gpus}gpu_old", {}).get("cores")
+        out[f"idle_{gpus}gpu_cores_ratio_new_over_old"] = round(new / old, 4) if new is not None and old else None
     if not quick:
         out["idle_256gpu_goal_cores"] = GOAL_IDLE_CORES_256
-        out["idle_256gpu_goal_met"] = out["idle_256gpu_new"]["cores"] < GOAL_IDLE_CORES_256
+        for label, _ in measured_layouts():
+            out[f"idle_256gpu_{label}_goal_met"] = out[f"idle_256gpu_{label}"]["cores"] < GOAL_IDLE_CORES_256
     return out
 
 
@@ -118,7 +132,7 @@ SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "layouts": tup
 def capacity_part(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
     for gpus in (4,) if quick else SETTINGS["gpus"]:
-        for label, layout in ((k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in SETTINGS["layouts"]):
+        for label, layout in measured_layouts():
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
                 out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
                 continue
@@ -179,8 +193,8 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
         return {"mooncake_skipped": f"{MOONCAKE} is absent"}
     seconds = 15.0 if quick else 60.0
     out: dict[str, Any] = {"mooncake_seconds": seconds}
-    for label, layout in {**LAYOUTS, **VARIANTS}.items():
-        if (quick and label == "old") or label not in SETTINGS["layouts"]:
+    for label, layout in measured_layouts():
+        if quick and label == "old":
             continue
         out[f"mooncake_8gpu_{label}"] = mooncake(label, layout, seconds)
     return out
@@ -196,17 +210,27 @@ seed: 7
 """
 
 
+INVARIANCE_LAYOUTS: dict[str, dict[str, Any]] = {
+    "8proc": {"gpus_per_actor": 1, "engine_server": "per_engine"}, "1proc": {"gpus_per_actor": 8},
+    "old": LAYOUTS["old"]}
+"""``8proc`` and ``1proc`` differ in density alone (processes, servers): the pair the goal compares. ``old`` also
+has the old feed (every engine's load every 50 ms) and the spin clock, so its routing (least loaded reads the
+feed) and its host contention differ too: reported beside them, not the density comparison."""
+INVARIANCE_TOLERANCE = 0.05
+"""TTFT/TPOT p50 within 5% counts as within noise."""
+
+
 def invariance_part(quick: bool) -> dict[str, Any]:
-    """The same synthetic trace on 8 GPUs as 8 processes (old layout) and as 1 (new): TTFT/TPOT side by side."""
+    """The same synthetic trace on 8 GPUs as 8 processes and as 1 (and in the old layout): TTFT/TPOT side by side."""
     import tempfile
 
     from cluster.loadtest import LoadTestConfig, read_trace, run_loadtest, run_sync
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"invariance_tolerance": INVARIANCE_TOLERANCE}
     with tempfile.TemporaryDirectory() as tmp:
         wl = Path(tmp) / "wl.yaml"
         wl.write_text(INVARIANCE_WORKLOAD.format(n=48 if quick else 240))
-        for label, layout in LAYOUTS.items():
+        for label, layout in INVARIANCE_LAYOUTS.items():
             h = launch(spec(8, layout))
             try:
                 s = run_sync(run_loadtest(h.router_url, read_trace(wl, "synthetic"),
@@ -220,9 +244,12 @@ def invariance_part(quick: bool) -> dict[str, Any]:
                    "step_lag_ms": s.get("step_lag_ms")}
             out[f"invariance_8gpu_{label}"] = row
             print(f"invariance 8 GPUs, {label} layout: {row}", flush=True)
-    new, old = out["invariance_8gpu_new"], out["invariance_8gpu_old"]
+    spread, packed, old = (out[f"invariance_8gpu_{k}"] for k in INVARIANCE_LAYOUTS)
     for m in ("ttft_p50", "tpot_p50"):
-        out[f"invariance_{m}_ratio_new_over_old"] = round(new[m] / old[m], 4) if old[m] else None
+        ratio = packed[m] / spread[m] if spread[m] else None
+        out[f"invariance_{m}_ratio_1proc_over_8proc"] = None if ratio is None else round(ratio, 4)
+        out[f"invariance_{m}_goal_met"] = ratio is not None and abs(ratio - 1.0) <= INVARIANCE_TOLERANCE
+        out[f"invariance_{m}_ratio_1proc_over_old"] = round(packed[m] / old[m], 4) if old[m] else None
     return out
 
 
@@ -251,7 +278,7 @@ def main() -> None:
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
-                   help=f"capacity and mooncake: layouts measured, of {', '.join([*LAYOUTS, *VARIANTS])}")
+                   help=f"idle, capacity and mooncake: layouts measured, of {', '.join([*LAYOUTS, *VARIANTS])}")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
     SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
