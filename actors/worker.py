@@ -40,15 +40,29 @@ def advertise_host(host: str) -> str | None:
     return str(ray.util.get_node_ip_address())
 
 
-def restore_priority() -> None:
-    """Undo the niceness Ray gives its workers (15 by default), where allowed.
+def restore_priority(nice: int = 0) -> None:
+    """Set this process's niceness to ``nice`` where allowed, else undo the niceness Ray gives its workers.
 
-    An emulated GPU must wake on time: at nice 15 a busy load generator or router at nice 0 on the same
-    host takes nearly all the CPU and the engines' step lag explodes. Without the privilege to lower the
-    niceness (not root, no CAP_SYS_NICE) this does nothing; ``launch`` also asks Ray for niceness 0.
+    Ray starts workers at niceness 15 (``launch`` asks it for 0). An emulated GPU must wake on time: at nice 15
+    a busy load generator or router at nice 0 on the same host takes nearly all the CPU and the engines' step
+    lag explodes; below 0 (``ClusterSpec.engine_nice``) the engines go ahead of them. Lowering the niceness
+    needs root or CAP_SYS_NICE: without it this falls back to 0, and without that to what Ray gave.
+
+    Linux keeps a niceness per thread (``PRIO_PROCESS`` names a thread id), and Ray runs an async actor's loop
+    on a thread of its own: every thread of the process is set (later threads inherit their creator's).
     """
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for value in dict.fromkeys((nice, 0)):
+        try:
+            for tid in threads:
+                with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                    os.setpriority(os.PRIO_PROCESS, tid, value)
+            return
+        except OSError:
+            continue
 
 
 def freeze_heap() -> None:
@@ -75,8 +89,8 @@ class GpuWorker:
     """
 
     def __init__(self, spec_json: str, engine_names: list[str], host: str = "127.0.0.1") -> None:
-        restore_priority()
         self.spec = ClusterSpec.model_validate_json(spec_json)
+        restore_priority(self.spec.engine_nice)
         self.names = engine_names
         self.host = host
         waker = self.spec.engine_clock

@@ -306,6 +306,11 @@ class ClusterSpec(Frozen):
     """How an actor's engines wake at their step deadlines (``actors.clock``): ``thread`` (one helper thread
     sleeps precisely off the loop), ``spin`` (the loop polls the last millisecond: least lag, most CPU),
     ``timer`` (the loop's own timers alone: least CPU, up to ~1 ms late)."""
+    engine_nice: int = Field(default=0, ge=-20, le=19)
+    """Niceness of the actors hosting engines where the host lets a process lower it (root or CAP_SYS_NICE),
+    else 0 (``actors.worker.restore_priority``). Below 0 an emulated GPU, which stands for hardware of its own,
+    takes a core ahead of the router and the load generator on a host they share, so its steps end on time;
+    their own delays still show, in TTFT and the load test's send lag."""
     seed: int = 0
     regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
     wan: list[WanLinkSpec] = Field(default_factory=list)
