@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.engine.engine import Engine, EngineError, RequestStream
+from actors.engine.kv_blocks import BlockHash, hash_request_blocks
 from actors.engine.sequence import FinishReason, RequestId
 from actors.engine.tokenizer import Tokenizer
 from actors.feed import FeedHub
@@ -53,6 +54,30 @@ async def let_loop_run(turns: int = 3) -> None:
     this coroutine goes on; one ``sleep(0)`` would let only the first link run, the rest queued behind it."""
     for _ in range(turns):
         await asyncio.sleep(0)
+
+
+HASH_SLICE_BLOCKS = 1024
+"""Blocks of a long prompt hashed between two loop turns (16k tokens at 16 a block: about a millisecond)."""
+
+
+async def hash_prompt_in_slices(prompt_ids: list[int], block_size: int,
+                                slice_blocks: int = HASH_SLICE_BLOCKS) -> list[BlockHash]:
+    """The chained hashes of every full block of ``prompt_ids`` (``hash_request_blocks``'s, bit for bit),
+    ``slice_blocks`` at a time with the loop let run between slices.
+
+    A long prompt's blocks are hashed sooner or later anyway when prefix caching is on (the prefix lookup at
+    admission hashes as far as the prefix hits, then each prefilled chunk's blocks as they are cached), but
+    there in one piece inside a step's planning: a 90k-token prompt whose prefix is cached hashed ~3,000
+    blocks in one go, milliseconds for which every other engine of the process missed its step deadline.
+    """
+    if slice_blocks < 1:
+        raise ValueError(f"slice_blocks must be >= 1 (got {slice_blocks})")
+    n = len(prompt_ids) // block_size
+    hashes: list[BlockHash] = []
+    while len(hashes) < n:
+        hashes = hash_request_blocks(prompt_ids, block_size, start=hashes, limit=len(hashes) + slice_blocks)
+        await let_loop_run()
+    return hashes
 
 
 def json_error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -327,6 +352,10 @@ class EngineServer:
             if req.model is not None and req.model != self.engine.cfg.model_name:
                 return json_error(404, f"The model `{req.model}` does not exist.", "model")
             prompt_ids = self._prompt_ids(req)
+            hashes = None
+            if big and self.engine.kv.enable_caching:
+                await let_loop_run()
+                hashes = await hash_prompt_in_slices(prompt_ids, self.engine.cfg.block_size)
             limit = req.limit() if isinstance(req, ChatCompletionRequest) else req.max_tokens
             params = self._transfer_params(req)
             rid = request.headers.get("X-Request-Id")
@@ -342,7 +371,7 @@ class EngineServer:
                 stream = self._prefill_for_remote_decode(params, prompt_ids, req, rid, arrival_ms)
             else:
                 stream = self.engine.submit(prompt_ids, limit, ignore_eos=req.ignore_eos, seed=req.seed or 0,
-                                            request_id=rid, arrival_ms=arrival_ms)
+                                            request_id=rid, arrival_ms=arrival_ms, block_hashes=hashes)
             if ck is not None and self.migration is not None:
                 self.migration.watch(stream.request_id, ck)  # a resumed request too
         except MigrationError as e:

@@ -33,7 +33,7 @@ from actors.engine.api import (
     Reservation,
     StreamEvent,
 )
-from actors.engine.kv_blocks import KVEvent
+from actors.engine.kv_blocks import BlockHash, KVEvent
 from actors.engine.kv_manager import KVCacheManager
 from actors.engine.scheduler import ScheduledStep, Scheduler, TokenOutput
 from actors.engine.sequence import FinishReason, RequestId, SeqStatus, Sequence
@@ -122,8 +122,12 @@ class Engine:
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int | None, *, ignore_eos: bool = False, seed: int = 0,
                request_id: str | None = None, arrival_ms: float | None = None, hold_blocks_ms: float | None = None,
-               priority: int = 0) -> RequestStream:
+               priority: int = 0, block_hashes: list[BlockHash] | None = None) -> RequestStream:
         """Queue a request; raises EngineError (400) when it can never run here.
+
+        ``block_hashes``: the chained hashes of the prompt's first full blocks, computed ahead (the server
+        hashes a long prompt in slices between loop turns, ``actors.server.hash_prompt_in_slices``); the
+        engine hashes whatever is missing itself, as it needs it.
 
         ``hold_blocks_ms``: keep the request's KV blocks after it finishes (a prefill whose KV a decode
         engine takes) until ``release`` or for that many emulated ms (the lease). ``priority`` orders it
@@ -136,6 +140,10 @@ class Engine:
                        arrival_ms=self.clock.now_ms() if arrival_ms is None else arrival_ms,
                        stop_after=None if ignore_eos else self.outputs.natural_length(base),
                        hold_blocks=hold_blocks_ms is not None, priority=priority)
+        if block_hashes is not None:
+            if len(block_hashes) > len(prompt_ids) // self.cfg.block_size:
+                raise ValueError(f"{len(block_hashes)} block hashes for a prompt of {len(prompt_ids)} tokens")
+            seq.block_hashes = block_hashes
         if hold_blocks_ms is not None:
             self._hold_lease[rid] = hold_blocks_ms
         stream = RequestStream(self, seq)

@@ -3,9 +3,11 @@ as needed (prefix lookup, blocks as they fill) gives the same hashes and hits as
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +15,7 @@ from actors.engine.kv_blocks import BlockHash, hash_block_tokens, hash_request_b
 from actors.engine.kv_manager import HASH_BATCH, KVCacheManager
 from actors.engine.sequence import RequestId, Sequence
 from actors.engine.tokenizer import OutputModel, Tokenizer, _h64, ids_as_uint32
+from actors.server import hash_prompt_in_slices
 
 
 def chained_one_by_one(tokens: list[int], block_size: int, extra: bytes = b"") -> list[BlockHash]:
@@ -85,3 +88,48 @@ def test_valid_ids_bounds_and_types() -> None:
     assert tok.valid_ids([]) and tok.valid_ids([0, 99])
     for bad in ([100], [-1], [2**32], [2**70], [1.0], ["1"], [0, None]):
         assert not tok.valid_ids(bad), bad  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=tokens_st, block_size=st.sampled_from([1, 3, 16]), slice_blocks=st.integers(1, 12))
+def test_hashing_in_slices_between_loop_turns_equals_block_by_block(tokens: list[int], block_size: int,
+                                                                    slice_blocks: int) -> None:
+    got = asyncio.run(hash_prompt_in_slices(tokens, block_size, slice_blocks))
+    assert got == chained_one_by_one(tokens, block_size)
+
+
+def test_hashing_in_slices_lets_the_loop_run_between_slices() -> None:
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def run() -> list[BlockHash]:
+        ticker = asyncio.ensure_future(count_turns())
+        try:
+            return await hash_prompt_in_slices(list(range(100 * 16)), 16, slice_blocks=10)
+        finally:
+            ticker.cancel()
+
+    assert len(asyncio.run(run())) == 100
+    assert turns >= 10  # one or more turns after each of the 10 slices
+
+
+def test_an_engine_refuses_more_block_hashes_than_its_prompt_has() -> None:
+    from actors.clock import Clock
+    from actors.cost_model import EmpiricalCostModel
+    from actors.engine.engine import Engine, EngineConfig
+    from actors.engine.scheduler import SchedulerLimits
+    from config import default_catalog
+
+    cfg = EngineConfig("e", "lesson", "colocated", 1024, 16, SchedulerLimits(64, 8192, 100_000))
+    engine = Engine(cfg, EmpiricalCostModel(default_catalog().profiles.get("lesson-70b-fp8"), "colocated"), Clock(1.0))
+    prompt = list(range(40))
+    hashes = hash_request_blocks(prompt, engine.cfg.block_size)
+    with pytest.raises(ValueError, match="block hashes"):
+        engine.submit(prompt, 4, block_hashes=[*hashes, BlockHash(5)])
+    seq_hashes = engine.submit(prompt, 4, block_hashes=hashes[:1]).seq.block_hashes  # a head: the engine hashes on
+    assert seq_hashes == hashes[:1]
