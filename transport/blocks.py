@@ -6,9 +6,9 @@ receiver together with the leases that keep their buffers alive until ``release`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType, Protocol
+from typing import TYPE_CHECKING, Any, NewType, Protocol, overload
 
 from transport.checksum import ChecksumChoice, ChecksumName, checksum_of, pick
 
@@ -115,6 +115,52 @@ _set_checksum = Block.__dict__["checksum"].__set__
 _set_checksum_algo = Block.__dict__["checksum_algo"].__set__
 
 
+def _destination(block: Block, view: memoryview) -> memoryview:
+    """``view`` as a flat byte buffer of ``block``'s size holding a copy of its payload (or a clear error)."""
+    if view.ndim != 1 or view.format != "B":
+        view = as_bytes_view(view)
+    n = block.payload.nbytes
+    if view.readonly or view.nbytes < n:
+        raise ValueError(f"destination for block {block.block_id} is read-only or smaller than {n} bytes")
+    if view.nbytes != n:
+        view = view[:n]
+    view[:] = block.payload
+    return view
+
+
+class DetachedBlocks(Sequence[Block]):
+    """Blocks copied into a receiver's buffers: block ``i`` is ``blocks[i]`` over ``views[i]``, built when read.
+
+    Immutable; the views are the receiver's memory, so the blocks stay valid as long as it keeps them.
+    """
+
+    __slots__ = ("_blocks", "_views")
+
+    def __init__(self, blocks: Sequence[Block], views: Sequence[memoryview]) -> None:
+        self._blocks = blocks
+        self._views = views
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @overload
+    def __getitem__(self, i: int) -> Block: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Block]: ...
+
+    def __getitem__(self, i: int | slice) -> Block | list[Block]:
+        if isinstance(i, slice):
+            return list(map(Block.over, self._blocks[i], self._views[i]))
+        return self._blocks[i].over(self._views[i])
+
+    def __iter__(self) -> Iterator[Block]:
+        return map(Block.over, self._blocks, self._views)
+
+    def __repr__(self) -> str:
+        return f"DetachedBlocks({list(self)!r})"
+
+
 class Releasable(Protocol):
     def release(self) -> None: ...
 
@@ -147,33 +193,33 @@ class Delivery:
         for lease in leases:
             lease.release()
 
-    def detach(self, into: Sequence[Any] | None = None) -> list[Block]:
+    def detach(self, into: Sequence[Any] | None = None) -> Sequence[Block]:
         """Copies the receiver owns; the transport's buffers go back to it.
 
-        Without ``into`` the copies go to fresh memory; with it, block ``i`` is copied into the
-        receiver's own writable buffer ``into[i]`` (at least as large; e.g. a slot of its KV cache)
-        and the returned block views that buffer.
+        Without ``into`` the copies go to fresh memory (a list of blocks). With it, block ``i`` is copied
+        into the receiver's own writable buffer ``into[i]`` (at least as large; e.g. a slot of its KV
+        cache) and the returned sequence's block ``i`` views that buffer. The copies are made here, all at
+        once: when every destination is a flat byte buffer of exactly its block's size, each is one
+        memoryview assignment; otherwise each destination is checked and cut to size (a clear
+        ``ValueError`` for one that is read-only or too small). The returned blocks are built
+        when read (:class:`DetachedBlocks`): a receiver that copied into its own slots rarely needs them.
         """
         if into is None:
-            out = [b.owned() for b in self.blocks]
+            out: Sequence[Block] = [b.owned() for b in self.blocks]
         else:
-            if len(into) != len(self.blocks):
-                raise ValueError(f"{len(into)} destination buffers for {len(self.blocks)} blocks")
-            out = []
-            append, over = out.append, Block.over
-            for b, dst in zip(self.blocks, into, strict=True):
-                payload = b.payload
-                view = dst if type(dst) is memoryview else memoryview(dst)
-                if view.ndim != 1 or view.format != "B":
-                    view = as_bytes_view(view)
-                n = payload.nbytes
-                if view.nbytes != n:
-                    view = view[:n]
-                if view.readonly or view.nbytes < n:
-                    raise ValueError(f"destination for block {b.block_id} is read-only or smaller than "
-                                     f"{n} bytes")
-                view[:] = payload  # memoryview assignment: a memcpy with less call overhead than numpy's
-                append(over(b, view))
+            blocks = self.blocks
+            if len(into) != len(blocks):
+                raise ValueError(f"{len(into)} destination buffers for {len(blocks)} blocks")
+            views: list[memoryview] = []
+            append = views.append
+            try:
+                for b, dst in zip(blocks, into, strict=True):
+                    view = memoryview(dst)
+                    view[:] = b.payload  # memoryview assignment: a memcpy with less call overhead than numpy's
+                    append(view)
+            except (TypeError, ValueError, NotImplementedError):  # another size, format or shape: checked
+                views = [_destination(b, memoryview(dst)) for b, dst in zip(blocks, into, strict=True)]
+            out = DetachedBlocks(blocks, views)
         self.release()
         return out
 

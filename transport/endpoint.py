@@ -94,10 +94,8 @@ class EndpointBase:
     def _record(self, op: Op, request_id: RequestId, peer: Site, blocks: Sequence[Block], started_ms: float,
                 wall_s: float) -> TransferRecord:
         real = sum([b.payload.nbytes for b in blocks])
-        return TransferRecord(
-            request_id=request_id, op=op, backend=self.name, peer=peer, blocks=len(blocks), real_bytes=real,
-            emulated_bytes=float(real), started_ms=started_ms, emulated_ms=self.clock.now_ms() - started_ms,
-            wall_ms=wall_s * 1000.0)
+        return TransferRecord.unshaped(request_id, op, self.name, peer, len(blocks), real, started_ms,
+                                       self.clock.now_ms() - started_ms, wall_s * 1000.0)
 
 
 @dataclass

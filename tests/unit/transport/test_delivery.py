@@ -45,3 +45,15 @@ def test_over_keeps_everything_but_the_buffer() -> None:
     assert c == Block(BlockId(-5), other, (2, 3), 7, "crc32") and c.payload is other
     with pytest.raises(AttributeError):
         c.layers = (0, 1)  # type: ignore[misc]  # still frozen
+
+
+def test_detached_blocks_read_as_a_sequence_over_the_receivers_buffers() -> None:
+    src = [np.full(32, i, dtype=np.uint8) for i in range(4)]
+    blocks = [Block.of(i, s, (0, 4)) for i, s in enumerate(src)]
+    dst = [np.zeros(8, dtype=np.float32) for _ in range(4)]  # another format: copied through the checked path
+    out = Delivery(blocks).detach(into=dst)
+    assert len(out) == 4 and [b.block_id for b in out[1:3]] == [1, 2] and out[-1].block_id == 3
+    assert [bytes(b.payload) for b in out] == [bytes(s) for s in src]
+    assert np.shares_memory(np.frombuffer(out[2].payload, np.uint8), dst[2])
+    with pytest.raises(ValueError, match="2 destination buffers for 4 blocks"):
+        Delivery(blocks).detach(into=dst[:2])
