@@ -22,6 +22,7 @@ from actors.kv_connector import KVConnector, address_to_json
 from actors.kvstore.engine_side import StoreLink, Stores
 from actors.metrics import EngineMetrics
 from actors.migration import MigrationAgent
+from actors.sched_slice import set_request_slice
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
 from config.manifest import refusal
@@ -90,7 +91,7 @@ class GpuWorker:
 
     def __init__(self, spec_json: str, engine_names: list[str], host: str = "127.0.0.1") -> None:
         self.spec = ClusterSpec.model_validate_json(spec_json)
-        restore_priority(self.spec.engine_nice)
+        self._claim_cpu()
         self.names = engine_names
         self.host = host
         waker = self.spec.engine_clock
@@ -114,8 +115,16 @@ class GpuWorker:
         region's store below its own tiers."""
         self.kv_stores = stores
 
+    def _claim_cpu(self) -> None:
+        """The spec's niceness and scheduler slice for every thread here (again from the loop's thread at
+        ``start``: threads started since inherit from their creator, which may not have been set)."""
+        restore_priority(self.spec.engine_nice)
+        if self.spec.engine_slice_ms is not None:
+            set_request_slice(self.spec.engine_slice_ms)
+
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""
+        self._claim_cpu()
         by_name = {e.name: e for e in self.spec.engines()}
         out: dict[str, dict[str, Any]] = {}
         migration = self.spec.router.kv_migration

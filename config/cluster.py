@@ -311,6 +311,10 @@ class ClusterSpec(Frozen):
     else 0 (``actors.worker.restore_priority``). Below 0 an emulated GPU, which stands for hardware of its own,
     takes a core ahead of the router and the load generator on a host they share, so its steps end on time;
     their own delays still show, in TTFT and the load test's send lag."""
+    engine_slice_ms: float | None = Field(default=None, ge=0.1, le=100.0)
+    """The scheduler slice the engine actors' threads ask for (Linux 6.12+, no privilege needed,
+    ``actors.sched_slice``): a short one lets an engine whose step deadline passed preempt the task running
+    rather than wait out its slice; None: the kernel's default."""
     seed: int = 0
     regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
     wan: list[WanLinkSpec] = Field(default_factory=list)
