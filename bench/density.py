@@ -59,7 +59,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 VARIANTS: dict[str, dict[str, Any]] = {
     "new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"},
     "new_nice": {"engine_nice": -5}, "new_spin_nice": {"engine_clock": "spin", "engine_nice": -5},
-    "new_slice": {"engine_slice_ms": 0.1}, "new_1proc": {"gpus_per_actor": 8}}
+    "new_slice": {"engine_slice_ms": 0.1}, "new_slice_nice": {"engine_slice_ms": 0.1, "engine_nice": -5},
+    "new_1proc": {"gpus_per_actor": 8}}
 """Measured only when ``--layouts`` names them: the default layout with another way of waking engines at their
 step deadlines (the default, ``thread``, wakes a helper thread and then the loop: two wake-ups a step, each one
 a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline), with the engine
