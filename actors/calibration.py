@@ -49,6 +49,17 @@ EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
                         "shapes (same SMs and clocks), a third above the tensor peak; H100's fit is used"),
 }
 """(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
+FP8_GEMM_GAIN_FROM: dict[str, tuple[str, str]] = {
+    "b200-180g-sxm": (
+        "h100-80g-sxm",
+        "its fp8 GEMM table measured a kernel no faster than its bf16 one (time bf16/fp8 0.97x at m <= 16, "
+        "1.03x at m 64-256, 0.83x at m >= 1024: fp8_gemm_speedup) where every other fp8 part's table is "
+        "1.05-1.76x faster, and the datasheet gives B200 the same 2:1 fp8:bf16 rate as Hopper; B200's "
+        "served fp8 70B steps are no slower than its bf16 GEMMs allow (validate)"),
+}
+"""GPU -> (the GPU whose measured fp8/bf16 time ratio is used, why): tables whose fp8 GEMM kernel is not the
+one vLLM serves with. Their ``gemm_fp8`` is fitted on their own bf16 table, each shape's time multiplied by
+that GPU's measured fp8 time / bf16 time on the same (m, n, k): the tuned kernel's gain, per shape."""
 SEED = 12
 FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
                    "moe_fp8")
@@ -126,6 +137,29 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
+
+
+def _gemm_fp8_by_gain(root: Path, gain_root: Path, hw: HardwareProfile, why: str) -> OpSamples | None:
+    """fp8 GEMM samples for a GPU whose fp8 table is not the served kernel (``FP8_GEMM_GAIN_FROM``): its bf16
+    rows times ``gain_root``'s fp8 / bf16 time ratio on the same shape (shapes measured in all three)."""
+    own = _table(_latest(root / "gemm" / "vllm"), "gemm_perf.parquet")
+    gain = _table(_latest(gain_root / "gemm" / "vllm"), "gemm_perf.parquet")
+    if own is None or gain is None:
+        return None
+    by_dtype: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
+    for dt, m, n, k, lat in zip(gain["gemm_dtype"], gain["m"], gain["n"], gain["k"], gain["latency"], strict=True):
+        by_dtype[str(dt)][(int(m), int(n), int(k))] = float(lat)
+    b16, fp8 = by_dtype.get("bfloat16", {}), by_dtype.get("fp8", {})
+    rows = [(m, n, k, lat * fp8[key] / b16[key])
+            for m, n, k, lat, dt in zip(own["m"], own["n"], own["k"], own["latency"], own["gemm_dtype"], strict=True)
+            if dt == "bfloat16" for key in [(int(m), int(n), int(k))] if key in fp8 and key in b16 and b16[key] > 0]
+    if not rows:
+        return None
+    a = np.array(rows, dtype=float)
+    m, n, k = a[:, 0], a[:, 1], a[:, 2]
+    return _samples("gemm_fp8", f"gemm bf16 x {gain_root.name} fp8/bf16 per shape ({why.split(':')[0]})",
+                    2 * m * n * k, gemm_bytes(m, n, k, 1.0), m, {"latency": a[:, 3]}, hw.tflops("fp8") * 1e9,
+                    hw.hbm_bandwidth_gbps * 1e6, width=n)
 
 
 def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "bfloat16") -> OpSamples | None:
@@ -234,10 +268,13 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
 
 
 def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
-    """Every op family's samples for ``hw`` from its table folder (families without a table are absent)."""
+    """Every op family's samples for ``hw`` from its table folder (families without a table are absent);
+    a GPU in ``FP8_GEMM_GAIN_FROM`` gets its fp8 GEMM samples from its bf16 table and the named GPU's gain."""
+    gain = FP8_GEMM_GAIN_FROM.get(hw.name)
     loaders: dict[str, Callable[[], OpSamples | None]] = {
         "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm"),
-        "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8"),
+        "gemm_fp8": (lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8")) if gain is None else (
+            lambda: _gemm_fp8_by_gain(gpu_dir, gpu_dir.parent / OP_TABLE_GPUS[gain[0]], hw, gain[1])),
         "attention_prefill": lambda: _attention(gpu_dir, hw, True),
         "attention_decode": lambda: _attention(gpu_dir, hw, False),
         "attention_decode_fp8": lambda: _attention(gpu_dir, hw, False, "fp8"),

@@ -4,12 +4,19 @@ A step is the sum of the kernels one TP rank runs for the batch, each a roofline
 kernel timings (``Efficiency``'s ``OpFit``: ``latency + soft-max(FLOPs / (peak x eff_c(size)),
 bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
 
-    step = layers x (QKV + attention + O + all-reduce + MLP|MoE (+ all-to-all) + all-reduce) + LM head
-           + step overhead + sequences x request overhead (+ layers x layer overhead unless one graph)
+    step = layers x (QKV + attention + O + all-reduce + MLP|MoE (+ all-to-all) + all-reduce + small kernels)
+           + LM head + step overhead + sequences x request overhead (+ layers x layer overhead unless one graph)
 
 - GEMMs (``gemm``/``gemm_fp8``): QKV ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up
   ``[T, 2 inter/tp, hidden]``, down ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
-  bytes = weights + activations in and out.
+  bytes = weights + activations in and out. The LM head is a 16-bit GEMM whatever the model's GEMM dtype:
+  vLLM's ``Fp8Config`` quantizes ``LinearBase`` and ``FusedMoE`` layers, and ``ParallelLMHead`` is neither
+  (fp8 checkpoints list ``lm_head`` in their ``ignore``).
+- Small kernels (``layer_kernels_ms``): the memory-bound kernels between the GEMMs that no op table times:
+  per layer two fused residual-add + RMSNorms, rotary on q and k, the KV-cache write, and SiLU-and-mul in a
+  dense MLP (a fused MoE's activation is inside its measured op). Each reads and writes its tensors once
+  (``SMALL_KERNELS``: bytes per token from the architecture) at the GPU's fitted GEMM memory efficiency for
+  that many bytes, plus the GEMM fit's kernel latency (one kernel's fixed time inside a CUDA graph).
 - Attention (``attention_prefill``): causal (query, key) pairs of the chunks x heads x (4 x head_dim +
   ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``, ``attention_decode_fp8`` over an
   fp8 cache, fitted on its own rows): every decode's context KV read.
@@ -93,6 +100,29 @@ def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp
     return flops, nbytes, pairs, touched * width
 
 
+def small_kernels(model: ModelProfile, tp: int, moe_layer: bool) -> dict[str, float]:
+    """Bytes per token each small kernel of one layer moves on one TP rank (vLLM 0.19's Llama-style decoder
+    layer, ``vllm/model_executor/models/llama.py``; activations 16-bit).
+
+    - ``norm``: ``fused_add_rms_norm`` before attention and before the MLP, each reading the hidden state and
+      the residual and writing both, over the full hidden size (not TP-sharded): 2 x 4 x hidden x 2 bytes;
+    - ``rotary``: q and k heads of the rank read and written in place;
+    - ``kv_write``: ``reshape_and_cache_flash`` reads k and v and writes them at the cache's dtype;
+    - ``act``: ``silu_and_mul`` reads gate and up and writes their product (dense MLP layers only: a fused
+      MoE's activation runs inside the fused-MoE op, whose table already times it).
+    """
+    a = ACTIVATION_BYTES
+    d = model.head_dim
+    q = model.num_heads * d / tp
+    kv = (model.num_kv_heads if model.mla is not None else math.ceil(model.num_kv_heads / tp)) * d
+    out = {"norm": 2 * 4 * model.hidden_size * a, "rotary": 2 * (q + kv) * a,
+           "kv_write": 2 * kv * (a + dtype_bytes(model.kv_dtype))}
+    if not moe_layer:
+        inter = model.mlp_width / tp
+        out["act"] = (3 if model.mlp_gated else 2) * inter * a
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class StepShape:
     """Aggregates of one step's batch, all the cost model needs.
@@ -142,7 +172,8 @@ class StepTime:
     """One step's predicted duration (emulated ms) and its parts.
 
     ``compute_ms``: GEMMs, MoE and the LM head; ``memory_ms``: attention (KV reads); ``comm_ms``:
-    all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs.
+    all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs;
+    ``kernels_ms``: the per-layer small kernels (norms, rotary, KV write, activation).
     ``graph``: ``full``, ``piecewise`` or ``eager``; ``padded_tokens``: tokens the graphs ran at.
     """
 
@@ -153,6 +184,7 @@ class StepTime:
     overhead_ms: float = 0.0
     graph: str = ""
     padded_tokens: int = 0
+    kernels_ms: float = 0.0
 
     @property
     def bound(self) -> str:
@@ -220,7 +252,11 @@ class RooflineCostModel:
         per_layer_kv = m.kv_bytes_per_token / layers
         self._kv_bytes_layer = per_layer_kv if m.mla is not None else (
             2 * kv_heads * d * dtype_bytes(m.kv_dtype))
-        self._fixed: dict[tuple[int, int, str], tuple[float, float, float]] = {}
+        self._kernels = [(count, tuple(small_kernels(m, tp, moe_layer).values()))
+                         for count, moe_layer in ((m.dense_layers, False),
+                                                    (m.moe.moe_layers if m.moe is not None else 0, True))
+                         if count]
+        self._fixed: dict[tuple[int, int, str], tuple[float, float, float, float]] = {}
 
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
@@ -263,6 +299,23 @@ class RooflineCostModel:
                                               shape.decode_seqs * self._kv_heads)
         return t
 
+    def layer_kernels_ms(self, tokens: int) -> float:
+        """Every layer's small kernels (``small_kernels``) at ``tokens`` rows, summed over the layers: each
+        kernel takes the 16-bit GEMM fit's kernel latency plus its bytes at that fit's memory efficiency."""
+        fit = self.eff.gemm
+        t = 0.0
+        for layers, per_token in self._kernels:
+            for b in per_token:
+                nbytes = tokens * b
+                t += layers * (fit.latency_us / 1e3 + nbytes / (self._hbm * fit.memory_eff(nbytes)))
+        return t
+
+    def lm_head_ms(self, seqs: int) -> float:
+        """The LM head ``[seqs, vocab/tp, hidden]``, a 16-bit GEMM whatever the model's GEMM dtype."""
+        m, n, k = float(seqs), self.model.vocab_size / self.tp, float(self.model.hidden_size)
+        return self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
+                                self._hbm, n)
+
     def graph_mode(self, shape: StepShape) -> tuple[str, int]:
         """(``full`` | ``piecewise`` | ``eager``, tokens the step runs at after padding)."""
         tokens = shape.tokens
@@ -293,30 +346,30 @@ class RooflineCostModel:
             t += e.moe_layers * per_layer
         return t
 
-    def _fixed_terms(self, padded: int, seqs: int, mode: str) -> tuple[float, float, float]:
-        """(GEMMs with MoE and LM head, collectives, overheads) of a step: everything but attention, a
-        function of the padded tokens, the sequences and the graph mode alone, hence memoized."""
+    def _fixed_terms(self, padded: int, seqs: int, mode: str) -> tuple[float, float, float, float]:
+        """(GEMMs with MoE and LM head, collectives, overheads, small kernels) of a step: everything but
+        attention, a function of the padded tokens, the sequences and the graph mode alone, hence memoized."""
         key = (padded, seqs, mode)
         terms = self._fixed.get(key)
         if terms is None:
             m = self.model
-            gemms = self.layer_gemms_ms(padded) + self.gemm_ms(seqs, m.vocab_size / self.tp, m.hidden_size)
+            gemms = self.layer_gemms_ms(padded) + self.lm_head_ms(seqs)
             comm = self.allreduce_ms(padded) + self.alltoall_ms(padded)
             overhead = (self.eff.step_overhead_us + self.eff.request_overhead_us * seqs
                         + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3
             if len(self._fixed) >= FIXED_TERMS_CACHE:
                 self._fixed.clear()
-            terms = self._fixed[key] = (gemms, comm, overhead)
+            terms = self._fixed[key] = (gemms, comm, overhead, self.layer_kernels_ms(padded))
         return terms
 
     def step(self, shape: StepShape) -> StepTime:
         if shape.empty:
             return StepTime(0.0)
         mode, padded = self.graph_mode(shape)
-        gemms, comm, overhead = self._fixed_terms(padded, shape.seqs, mode)
+        gemms, comm, overhead, kernels = self._fixed_terms(padded, shape.seqs, mode)
         attention = self.model.num_layers * self.attention_ms(shape)
-        total = gemms + attention + comm + overhead
-        return StepTime(total, gemms, attention, comm, overhead, mode, padded)
+        total = gemms + attention + comm + overhead + kernels
+        return StepTime(total, gemms, attention, comm, overhead, mode, padded, kernels)
 
 
 class EmpiricalCostModel:

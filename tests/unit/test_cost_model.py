@@ -19,6 +19,7 @@ from actors.cost_model import (
     ms_colocated,
     ms_disaggregated,
     request_colocated,
+    small_kernels,
 )
 from cluster.estimate import estimate_profile, estimate_roofline
 from config import default_catalog
@@ -92,7 +93,32 @@ def test_uniform_decode_replays_one_padded_graph() -> None:
     assert (nine.graph, nine.padded_tokens) == ("full", 16)
     # The layers' GEMMs run at the padded size; the LM head at the sequences sampled.
     m = cm.model
-    assert nine.compute_ms == pytest.approx(cm.layer_gemms_ms(16) + cm.gemm_ms(9, m.vocab_size, m.hidden_size))
+    assert nine.compute_ms == pytest.approx(cm.layer_gemms_ms(16) + cm.lm_head_ms(9))
+    assert cm.lm_head_ms(9) == pytest.approx(cm.gemm_ms(9, m.vocab_size, m.hidden_size))  # a bf16 model
+
+
+def test_fp8_models_keep_a_16bit_lm_head() -> None:
+    # vLLM's Fp8Config quantizes LinearBase and FusedMoE layers only; ParallelLMHead stays 16-bit.
+    hw = CAT.hardware.get("h100-80g-sxm")
+    bf16 = RooflineCostModel(hw, CAT.models.get("llama-3.1-70b"), 4)
+    fp8 = RooflineCostModel(hw, CAT.models.get("llama-3.1-70b-fp8"), 4)
+    assert fp8.lm_head_ms(32) == pytest.approx(bf16.lm_head_ms(32))
+    assert fp8.lm_head_ms(32) > fp8.gemm_ms(32, fp8.model.vocab_size / 4, fp8.model.hidden_size)
+
+
+def test_small_kernels_move_the_architectures_bytes_and_add_to_every_step() -> None:
+    m = CAT.models.get("llama-3.1-70b-fp8-kv8")
+    k = small_kernels(m, 4, moe_layer=False)
+    assert k == {"norm": 2 * 4 * 8192 * 2, "rotary": 2 * (16 * 128 + 2 * 128) * 2,
+                 "kv_write": 2 * 2 * 128 * (2 + 1), "act": 3 * 28672 / 4 * 2}
+    assert "act" not in small_kernels(CAT.models.get("qwen3-30b-a3b"), 1, moe_layer=True)
+    cm = RooflineCostModel(CAT.hardware.get("h100-80g-sxm"), m, 4)
+    step = cm.step(StepShape.of(decodes=[5000] * 32))
+    # Four kernels per layer, each at least one kernel's latency in a graph; more bytes take longer.
+    assert step.kernels_ms >= 80 * 4 * cm.eff.gemm.latency_us / 1e3
+    assert cm.layer_kernels_ms(4096) > cm.layer_kernels_ms(32)
+    assert step.total_ms == pytest.approx(step.compute_ms + step.memory_ms + step.comm_ms + step.overhead_ms
+                                          + step.kernels_ms)
 
 
 def test_mixed_batches_run_piecewise_and_large_ones_eagerly() -> None:
