@@ -52,6 +52,10 @@ class Connection(Protocol):
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None: ...
 
+    def send_encoded(self, frame: bytes) -> None:
+        """Queue or write one frame already encoded whole (a compact ACK), like ``send``."""
+        ...
+
     async def drain(self) -> None: ...
 
     def abort(self) -> None:

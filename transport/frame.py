@@ -7,13 +7,18 @@ A frame is a fixed 32-byte header, msgpack metadata (a map), then the raw payloa
          4    1 version        1
          5    1 type           FrameType
          6    1 checksum algo  1 = sum64, 2 = crc32, 3 = xxh3 (of the payload)
-         7    1 flags          0 (reserved)
+         7    1 flags          0, or 1 (COMPACT: a success ACK without metadata, see below)
          8    4 meta length    <= max_meta_bytes
         12    8 payload length <= max_frame_payload
         20    8 payload checksum
         28    4 header CRC-32  over bytes 0..27 and the metadata
 
 All integers little-endian. Never pickle: metadata is msgpack of plain maps, lists, ints, strings.
+
+A compact ACK (flags ``COMPACT``, type ACK, no metadata, no payload) is the 32-byte header alone: the
+answer ``{t, ok: true}`` to the transfer whose id is in the payload-checksum field. It is the common
+answer (every push that commits), so it costs neither side a msgpack call; its header CRC still
+covers the id. ``COMPACT`` on any other frame, or with metadata or payload, is a ``FrameError``.
 
 :class:`FrameDecoder` is sans-I/O: ``get_buffer``/``buffer_updated`` match ``asyncio.BufferedProtocol``
 and ``feed`` replays bytes (tests, fuzzing). Small reads land in a fixed staging buffer; a payload is
@@ -54,6 +59,8 @@ _CRC = struct.Struct("<I")
 DIRECT_MIN = 64 * 1024
 """Payload remainders at least this large are received straight into their pool buffer."""
 _EMPTY = memoryview(b"")
+COMPACT = 0x01
+"""Header flag of a compact ACK (see the module docstring)."""
 
 
 class FrameType(IntEnum):
@@ -117,6 +124,12 @@ def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo:
     psum = (checksum if checksum is not None else checksum_of(algo, body)) if n else 0
     prefix = _PREFIX.pack(MAGIC, VERSION, ftype, ALGO_IDS[algo], 0, len(meta_b), n, psum)
     return b"".join((prefix, _CRC.pack(zlib.crc32(meta_b, zlib.crc32(prefix))), meta_b)), body
+
+
+def encode_ack(tid: int) -> bytes:
+    """The compact ACK answering transfer ``tid`` with success (decoded as the map ``{t: tid, ok: true}``)."""
+    prefix = _PREFIX.pack(MAGIC, VERSION, FrameType.ACK, ALGO_IDS["xxh3"], COMPACT, 0, 0, tid)
+    return prefix + _CRC.pack(zlib.crc32(prefix))
 
 
 def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "xxh3",
@@ -314,11 +327,15 @@ class Header:
     prefix_crc: int
     """CRC-32 of header bytes 0..27, continued over the metadata by ``check_meta``."""
     crc: int
+    compact: bool = False
+    """A compact ACK: ``checksum`` is the transfer id, the metadata is implied."""
 
     def check_meta(self, meta_b: bytes | memoryview) -> dict[str, Any]:
         """The metadata map, after checking the header CRC over header and metadata (FrameError if not)."""
         if zlib.crc32(meta_b, self.prefix_crc) != self.crc:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
+        if self.compact:
+            return {"t": self.checksum, "ok": True}
         return _unpack_meta(meta_b)
 
 
@@ -333,13 +350,15 @@ def parse_header(head: bytes | memoryview, limits: Limits) -> Header:
         raise FrameError(f"unknown frame type {ftype}")
     if algo not in ALGO_NAMES:
         raise FrameError(f"unknown checksum algorithm id {algo}")
-    if flags != 0:
-        raise FrameError(f"unsupported frame flags {flags:#x}")
+    if flags != 0 and (flags != COMPACT or ftype != FrameType.ACK or meta_len or payload_len):
+        raise FrameError(f"unsupported frame flags {flags:#x}" + (" (compact is for an ACK without metadata or "
+                                                                   "payload)" if flags == COMPACT else ""))
     if meta_len > limits.max_meta_bytes:
         raise FrameError(f"declared metadata length {meta_len} exceeds the cap {limits.max_meta_bytes}")
     if payload_len > limits.max_payload:
         raise FrameError(f"declared payload length {payload_len} exceeds the cap {limits.max_payload}")
-    return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, zlib.crc32(head[:28]), hcrc)
+    return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, zlib.crc32(head[:28]), hcrc,
+                  flags == COMPACT)
 
 
 def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:

@@ -186,6 +186,12 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.transport.write(body)
 
 
+    def send_encoded(self, frame: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise PeerGone("connection closed")
+        self.transport.write(frame)
+
+
 class TcpTransport(FramedTransport):
     """KV transport over TCP (see the module docstring and :mod:`transport.session`)."""
 

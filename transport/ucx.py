@@ -191,6 +191,20 @@ class UcxConnection:
         if self._queued > WRITE_HIGH_WATER:
             self._space.clear()
 
+    def send_encoded(self, frame: bytes) -> None:
+        """Queue a frame encoded whole (a compact ACK) into the control batch, as ``send`` queues a header."""
+        if self._closed:
+            raise PeerGone("connection closed")
+        size = len(frame)
+        if self._batch_bytes + size > self._ctrl_size - _BATCH_LEN.size:
+            self._flush()
+        self._batch.append(frame)
+        self._batch_bytes += size
+        self._queued += size
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.w.loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         """Post the control batch: its length, then its frames back to back."""
         self._flush_scheduled = False

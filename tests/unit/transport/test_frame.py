@@ -8,7 +8,7 @@ import pytest
 
 from transport.base import FrameError
 from transport.checksum import ChecksumName
-from transport.frame import HEADER_SIZE, MAGIC, FrameDecoder, FrameType, Limits, encode_bytes
+from transport.frame import HEADER_SIZE, MAGIC, FrameDecoder, FrameType, Limits, encode_ack, encode_bytes
 from transport.pool import BufferPool
 
 
@@ -100,7 +100,9 @@ def _header(**over: int) -> bytes:
     ({"version": 9}, "version 9"),
     ({"type": 99}, "unknown frame type"),
     ({"algo": 7}, "checksum algorithm"),
-    ({"flags": 1}, "flags"),
+    ({"flags": 1}, "flags"),  # compact on a PUSH_DATA frame
+    ({"flags": 2}, "flags"),
+    ({"flags": 1, "type": 4, "meta": 3}, "compact is for an ACK"),
     ({"meta": 1 << 30}, "metadata length"),
     ({"payload": 1 << 60}, "payload length"),
     ({}, "header checksum"),
@@ -146,3 +148,18 @@ def test_close_releases_a_partial_payload() -> None:
     assert dec.pool.leases == 1
     dec.close()
     assert dec.pool.leases == 0
+
+
+def test_compact_ack_decodes_as_a_success_answer_and_its_id_is_crc_checked() -> None:
+    dec = decoder()
+    stream = encode_ack(7) + encode_bytes(FrameType.ACK, {"t": 8, "ok": False, "e": "timeout", "m": "late"})
+    stream += encode_ack(2**64 - 1)
+    frames = feed_in_chunks(dec, stream, 5)
+    assert [(f.type, f.meta) for f in frames] == [
+        (FrameType.ACK, {"t": 7, "ok": True}), (FrameType.ACK, {"t": 8, "ok": False, "e": "timeout", "m": "late"}),
+        (FrameType.ACK, {"t": 2**64 - 1, "ok": True})]
+    assert len(encode_ack(7)) == HEADER_SIZE
+    bad = bytearray(encode_ack(7))
+    bad[20] ^= 1  # another transfer id under the same CRC
+    with pytest.raises(FrameError, match="header checksum"):
+        decoder().feed(bytes(bad))
