@@ -30,6 +30,7 @@ from bench._common import emit, parser
 PROMPT_TOKENS = 2176
 ENGINES = 4
 NOW = time.perf_counter_ns
+CPU = time.thread_time_ns
 
 
 def prompt_text(i: int) -> str:
@@ -109,11 +110,12 @@ def _engines(q: Any, n: int, engine_ms: float) -> None:
     uvloop.run(main())
 
 
-SPANS = ("parse", "fill_prompt", "overlap", "rank", "payload", "upstream", "client_start")
+SPANS = ("parse", "fill_prompt", "encode", "hash", "overlap", "rank", "payload", "upstream", "client_start")
 
 
 def _instrument(marks: dict[str, dict[str, int]]) -> None:
     """Wrap the router's steps so each request's task records when each began and ended (this process only)."""
+    from actors.engine import tokenizer
     from cluster.router import app, choice, proxy, upstream, web
 
     def task_marks() -> dict[str, int] | None:
@@ -125,10 +127,10 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
 
         def wrapped(*a: Any, **k: Any) -> Any:
             m = task_marks()
-            t0 = NOW()
+            c0, t0 = CPU(), NOW()
             out = fn(*a, **k)
             if m is not None and span + "_s" not in m:
-                m[span + "_s"], m[span + "_e"] = t0, NOW()
+                m[span + "_s"], m[span + "_e"], m[span + "_cpu"] = t0, NOW(), CPU() - c0
             return out
         setattr(owner, attr, wrapped)
 
@@ -166,6 +168,8 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
 
     sync(app, "parse_json_object", "parse")
     sync(choice.Chooser, "fill_prompt", "fill_prompt")
+    sync(tokenizer.Tokenizer, "encode", "encode")
+    sync(choice, "hash_request_blocks", "hash")
     sync(choice.Chooser, "overlap", "overlap")
     sync(choice.Chooser, "rank", "rank")
     sync(proxy.ColocatedFlow, "payload", "payload")
@@ -198,6 +202,7 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
 def _router(ports: list[int], q: Any, cmd: Any) -> None:
     import uvloop
 
+    from actors.worker import freeze_heap
     from cluster.router.app import RouterServer
     from cluster.router.view import WorkerId, WorkerInfo
     from cluster.router.web import RouterHTTP
@@ -212,6 +217,7 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
         url = await http.start()
         while not all(w.feed_connected for w in http.server.view.workers.values()):
             await asyncio.sleep(0.05)
+        freeze_heap()  # as the router actor does after start-up
         q.put(url)
         loop = asyncio.get_running_loop()
         while (what := await loop.run_in_executor(None, cmd.get)) != "quit":
@@ -266,8 +272,11 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
                 ("router_write_to_client", "write1_e", "c_first")]
         for name, a, b in seq:
             out[name] = _median_us(rows, a, b)
-        pre = [s for s in SPANS if s not in ("upstream", "client_start")]
+        pre = [s for s in SPANS if s not in ("upstream", "client_start", "encode", "hash")]
         out["router_steps_sum"] = round(sum(out[s] for s in pre), 1)
+        for s in (*pre, "encode", "hash"):  # CPU time of the steps (what a loaded host stretches above)
+            vals = [r[s + "_cpu"] for r in rows if s + "_cpu" in r]
+            out[s + "_cpu"] = round(statistics.median(vals) / 1000.0, 1) if vals else float("nan")
     return out
 
 

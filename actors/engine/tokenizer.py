@@ -15,6 +15,9 @@ import hashlib
 import re
 import struct
 from collections.abc import Sequence
+from hashlib import blake2b
+from itertools import islice
+from typing import cast
 
 import numpy as np
 
@@ -47,6 +50,11 @@ class Tokenizer:
         self._words: dict[str, tuple[int, ...]] = {}
         """Ids of whole words (a regex match: leading whitespace and the word), so a repeated word costs one
         lookup instead of one per piece: a 2176-token prompt 3.2 -> 0.9 ms, on the router's path per request."""
+        self._one: dict[str, int] = {}
+        """The id of a word after one space when that is one piece, by the word without the space
+        (``_encode_spaced``)."""
+        self._words_after_space: dict[str, tuple[int, ...]] = {}
+        """The ids of a word after one space when that is more than one piece, by the word without the space."""
 
     def _piece_id(self, piece: str) -> int:
         tid = self._cache.get(piece)
@@ -56,17 +64,63 @@ class Tokenizer:
                 self._cache[piece] = tid
         return tid
 
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        wid = self._words.get(word)
+        if wid is None:
+            wid = tuple(self._piece_id(word[i:i + MAX_PIECE]) for i in range(0, len(word), MAX_PIECE))
+            if len(self._words) < 200_000:
+                self._words[word] = wid
+        return wid
+
     def encode(self, text: str) -> list[int]:
+        """Ids of ``text``'s pieces. Text whose only whitespace is single ASCII spaces between words (what the
+        load generator writes, and most prose on one line) is cut with ``str.split`` and its words of one
+        piece looked up in one C loop (``map``): the regex's cut exactly, in less time (a 2176-word prompt of
+        known words: 0.36 -> 0.2 ms; the router pays it per request). ``isprintable`` rules out every other
+        whitespace character (all are Unicode separators or controls), so both paths see the same words."""
+        if text.isprintable() and "  " not in text and not text.endswith(" "):
+            return self._encode_spaced(text)
         ids: list[int] = []
         words = self._words
         for word in _PIECE.findall(text):
             wid = words.get(word)
-            if wid is None:
-                wid = tuple(self._piece_id(word[i:i + MAX_PIECE]) for i in range(0, len(word), MAX_PIECE))
-                if len(words) < 200_000:
-                    words[word] = wid
-            ids += wid
+            ids += wid if wid is not None else self._word_ids(word)
         return ids
+
+    def _encode_spaced(self, text: str) -> list[int]:
+        parts = text.split(" ")
+        ids: list[int] = list(self._word_ids(parts[0])) if parts[0] else []
+        one = self._one
+        found = list(map(one.get, islice(parts, 1, None)))
+        if None in found:  # words not seen yet, or of more than one piece
+            new = set(islice(parts, 1, None)).difference(one, self._words_after_space)
+            if new:
+                self._learn(new)
+            found = list(map(one.get, islice(parts, 1, None)))
+            if None in found:  # some word has more than one piece: flatten
+                multi = self._words_after_space
+                for word, tid in zip(islice(parts, 1, None), found, strict=True):
+                    if tid is not None:
+                        ids.append(tid)
+                    else:  # (a word not kept once the caches are full is computed again here)
+                        ids += multi.get(word) or self._word_ids(" " + word)
+                return ids
+        return ids + cast(list[int], found) if ids else cast(list[int], found)
+
+    def _learn(self, words: set[str]) -> None:
+        """Keep the ids of words not seen yet (each after one space), computed in one loop. A prompt of fresh
+        words (the first request of a new prefix: a cache miss) pays this in its router and in its engine:
+        16 prompts of 2176 random words on a fresh tokenizer cost 36.6 ms of CPU through the per-piece path,
+        20.8 ms here (the first 3.7 -> 2.0 ms)."""
+        one, multi, span = self._one, self._words_after_space, self._span
+        if len(one) + len(multi) >= 400_000:
+            return
+        for word in words:
+            if len(word) < MAX_PIECE:  # the space and up to three characters: one piece
+                one[word] = RESERVED + int.from_bytes(blake2b((" " + word).encode(), digest_size=8).digest(),
+                                                      "little") % span
+            else:
+                multi[word] = self._word_ids(" " + word)
 
     def decode_one(self, token_id: int) -> str:
         """A stable pseudo-word for an id (the emulated model's text)."""

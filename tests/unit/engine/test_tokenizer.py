@@ -35,6 +35,41 @@ def test_word_cache_gives_the_ids_of_pieces_cut_one_by_one(texts: list[str]) -> 
         assert TOK.encode(text) == expect
 
 
+WORD = st.text(st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc", "Cs")), min_size=1, max_size=9)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.lists(WORD, max_size=30)), max_size=8))
+def test_spaced_words_take_the_fast_cut_with_the_regex_ids(texts: list[tuple[bool, list[str]]]) -> None:
+    # Words joined by single spaces (the load generator's prompts), with or without a leading space; one fresh
+    # tokenizer, so later texts meet words of one piece the earlier ones taught it.
+    from actors.engine.tokenizer import _PIECE, MAX_PIECE, _h64
+
+    tok = Tokenizer(32000)
+    for lead, words in texts:
+        text = (" " if lead else "") + " ".join(words)
+        expect = [RESERVED + _h64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
+                  for w in _PIECE.findall(text) for i in range(0, len(w), MAX_PIECE)]
+        assert tok.encode(text) == expect
+
+
+def test_words_past_the_cache_limit_are_still_encoded() -> None:
+    tok = Tokenizer(32000)
+    tok._one.update((f"w{i}", 100) for i in range(400_000))  # the caches are full: nothing more is kept
+    text = " fresh ab words of two or more pieces"
+    assert tok.encode(text) == Tokenizer(32000).encode(text)
+    assert "ab" not in tok._one
+
+
+def test_only_the_ascii_space_is_both_whitespace_and_printable() -> None:
+    # Why encode's fast path may cut printable text at " " alone: no other character the regex's \s matches
+    # passes str.isprintable.
+    import re
+    import sys
+
+    space = re.compile(r"\s")
+    assert [c for c in map(chr, range(sys.maxunicode + 1)) if c.isprintable() and space.match(c)] == [" "]
+
+
 def test_output_model_is_deterministic_and_in_range() -> None:
     m = OutputModel(1000)
     base = m.seed_of([1, 2, 3], 7)
