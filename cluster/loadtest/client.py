@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 import orjson
 
 from cluster.loadtest.record import RequestRecord, Status
@@ -80,7 +81,7 @@ def ids_to_text(ids: Sequence[int]) -> str:
     return "".join(out)
 
 
-def build_payload(spec: RequestSpec, model: str, prompt: list[int] | str,
+def build_payload(spec: RequestSpec, model: str, prompt: Sequence[int] | np.ndarray | str,
                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of one completions request."""
     body: dict[str, Any] = {
@@ -213,14 +214,16 @@ class CompletionClient:
         """Synthesize the prompt and encode the body (CPU work done ahead of the send time)."""
         if self.model is None:
             raise TargetError("model not resolved: call resolve_model() first")
-        ids = self.synthesizer.prompt(spec)
-        prompt: list[int] | str = ids_to_text(ids) if self.config.prompt_format == "text" else ids
+        ids = self.synthesizer.prompt_array(spec)
+        prompt: np.ndarray | str = ids_to_text(ids.tolist()) if self.config.prompt_format == "text" else ids
         extra = {**self.config.extra_body, "output_token_ids": True} if self.config.record_tokens \
             else self.config.extra_body
         payload = build_payload(spec, self.model, prompt, extra)
-        body = orjson.dumps(payload)  # an 87k-token prompt: 0.6 ms, not json's 5 (the generator's loop sends)
+        # orjson writes the int64 array itself: the same bytes as a list of ints, without building one
+        # (a 123k-token body: 1.5 ms, not 3.8; json's would be ~10).
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
         return PreparedRequest(spec, body, build_headers(spec, self.config.request_id_prefix),
-                               tuple(ids) if self.config.record_tokens else ())
+                               tuple(ids.tolist()) if self.config.record_tokens else ())
 
     async def send(self, req: PreparedRequest, scheduled_wall: float) -> RequestRecord:
         """Send one request now and time its stream; never raises (see the module docstring)."""

@@ -1,11 +1,13 @@
 """The replayer: open loop at the trace's timestamps, or closed loop at a fixed concurrency.
 
 Open loop. Request i is due at emulated time ``arrival_ms[i] / speed`` after the run's origin; the wall
-deadline is ``origin + due / 1000 * time_scale``. One dispatcher walks the requests in arrival order:
-it builds the request's body (prompt synthesis, JSON encoding), sleeps to the absolute deadline with the
-project's ``Clock`` (a timer to just before the deadline, then yielding to the loop until it passes), and
-starts the send as its own task. Deadlines are absolute, so one late wake-up never delays the next, and
-the send never waits for earlier answers: a slow server sees the trace's load regardless.
+deadline is ``origin + due / 1000 * time_scale``. The bodies (prompt synthesis, JSON encoding) are built
+ahead of their deadlines by a ``Prebuilder`` (``prebuild.py``): up to ``prebuild_bytes`` of them before the
+origin is taken, the rest between deadlines while there is time. One dispatcher walks the requests in
+arrival order: it sleeps to the absolute deadline with the project's ``Clock`` (a timer to just before the
+deadline, then yielding to the loop until it passes), takes the ready body and starts the send as its own
+task. Deadlines are absolute, so one late wake-up never delays the next, and the send never waits for
+earlier answers: a slow server sees the trace's load regardless.
 
 Closed loop. ``concurrency`` workers share the request list; each sends its next request as soon as its
 previous one finished (the schedule time of a request is its real send time).
@@ -30,6 +32,7 @@ import aiohttp
 
 from actors.clock import Clock
 from cluster.loadtest.client import ClientConfig, CompletionClient, PreparedRequest
+from cluster.loadtest.prebuild import DEFAULT_BUDGET_BYTES, Prebuilder
 from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.scrape import DepthSample, MetricsText, TargetProbe
 from cluster.loadtest.spec import RequestSpec
@@ -50,6 +53,8 @@ class ReplayConfig:
     metrics_interval_s: float = 0.5
     scrape: bool = True
     ready_wait_s: float = 30.0
+    prebuild_bytes: int = DEFAULT_BUDGET_BYTES
+    """Open loop: request bodies held built ahead of their send time at most (see ``prebuild.py``)."""
     stall_grace_s: float = 30.0
     """Open requests are ended as ``stalled`` once the target has reported nothing running, waiting or
     held for this many wall seconds (a stream the server never closed); needs ``scrape``."""
@@ -62,6 +67,8 @@ class ReplayConfig:
             raise ValueError(f"speed must be positive (got {self.speed})")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1 (got {self.concurrency})")
+        if self.prebuild_bytes < 0:
+            raise ValueError(f"prebuild_bytes must be >= 0 (got {self.prebuild_bytes})")
 
     @property
     def mode(self) -> str:
@@ -118,6 +125,10 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
         await probe.discover_workers()
         target_before, before_workers = await probe.snapshot()
         before = probe.combined(target_before, before_workers)
+    bodies: Prebuilder | None = None
+    if config.concurrency is None:
+        bodies = Prebuilder(client.prepare, specs, config.prebuild_bytes)
+        await bodies.fill()  # before the origin: the first bodies cost the schedule nothing
 
     origin = time.monotonic() + START_LEAD_S
     client.origin = origin
@@ -136,10 +147,10 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
             on_done(r)
 
     try:
-        if config.concurrency is None:
-            await _open_loop(client, clock, specs, config.speed, done)
-        else:
+        if config.concurrency is not None:
             await _closed_loop(client, specs, config.concurrency, done)
+        elif bodies is not None:
+            await _open_loop(client, clock, specs, config.speed, bodies, done)
     finally:
         stop.set()
         if watchdog is not None:
@@ -174,7 +185,7 @@ async def _watch_stalls(client: CompletionClient, probe: TargetProbe, grace_s: f
 
 
 async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[RequestSpec], speed: float,
-                     done: OnDone) -> None:
+                     bodies: Prebuilder, done: OnDone) -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(prepared: PreparedRequest, scheduled_wall: float) -> None:
@@ -182,13 +193,14 @@ async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[Req
 
     try:
         for spec in specs:
-            prepared = client.prepare(spec)
             due = spec.arrival_ms / speed
+            deadline = clock.wall_of(due)
+            await bodies.fill(before=deadline)
             await clock.sleep_until(due)
-            task = asyncio.create_task(one(prepared, clock.wall_of(due)))
+            task = asyncio.create_task(one(bodies.take(), deadline))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            await asyncio.sleep(0)  # let the send start now, before the next request's body is built
+            await asyncio.sleep(0)  # let the send start now, before the next one
         while tasks:
             await asyncio.gather(*list(tasks))
     finally:
