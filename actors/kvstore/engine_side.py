@@ -29,7 +29,7 @@ from actors.engine.kv_blocks import BlockHash, BlockRemoved, BlockStored, KVEven
 from actors.engine.tiers.admission import wire_tiers
 from actors.engine.tiers.base import MEDIUM_GPU, MEDIUM_STORE
 from actors.engine.tiers.chain import TierChain
-from actors.engine.tiers.overhead import with_store_path
+from actors.engine.tiers.overhead import STORE_LOOKUP_MS, LookupPrice, with_store_path
 from actors.engine.tiers.payload import BlockPayloads
 from actors.kv_connector import address_from_json
 from actors.kvstore.actor import ActorIndex
@@ -94,7 +94,9 @@ def attach_store(engine: Engine, tier: StoreTier) -> WriteThrough:
     else:
         chain = engine.tiers.chain
         chain.append(tier)
-    engine.cost = with_store_path(engine.cost, engine.cfg.tiers.connector_overhead, "kernel-sync", chain.host_link)
+    counters = engine.tiers.counters
+    engine.cost = with_store_path(engine.cost, engine.cfg.tiers.connector_overhead, "kernel-sync", chain.host_link,
+                                  LookupPrice(STORE_LOOKUP_MS, lambda: counters.lookups))
     writer = WriteThrough(engine, tier, chain)
     engine.kv_subscribers.append(writer)
     tier.start()

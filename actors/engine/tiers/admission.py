@@ -61,6 +61,8 @@ class TierCounters:
     swaps_in: int = 0
     external_queries: int = 0
     external_hits: int = 0
+    lookups: int = 0
+    """Requests looked up in the tiers (once each, when first admitted)."""
 
 
 @dataclass
@@ -150,6 +152,7 @@ class TieredKV:
         self.chain.note_lookup(queried, levels)
         self.counters.external_queries += seq.num_prompt_tokens
         self.counters.external_hits += seq.tier_tokens
+        self.counters.lookups += 1
 
     # -- preemption, abort -------------------------------------------------------------------------
     def on_preempt(self, seq: Sequence) -> None:

@@ -21,11 +21,18 @@ H100 (our ``pcie-gen5-x16`` preset), and on 10,000 prefills of 512 tokens at 0% 
 copy kernel on the GPU's cores cost 6% of throughput while DMA cost ~0.5% (5.5% better than the kernel).
 gpustack's LMCache evaluation (Qwen3-8B, RTX 4090, vLLM 0.10.1.1) measured -3% to -15% when nothing is reused.
 
-Not priced (no published figure to derive it from): the scheduler-side lookups (hashing a prompt's chunks,
-a lookup RPC per new request), which vLLM's async scheduling overlaps with the previous step.
+The scheduler-side lookup of a shared store (``LookupPrice``): LMCache's ``get_num_new_matched_tokens`` asks
+the store which of a new request's chunks it holds with a blocking call inside vLLM's ``schedule()``, so the
+step that admits the request waits for it. Priced at ``STORE_LOOKUP_MS`` per request, once (LMCache caches
+the answer for the scheduler's retries), on the step that first admits it. Source: LMCache PR #936
+(2025-07, "optimize get_num_new_matched_tokens latency in vLLM scheduler": one ``batchexist`` RPC to the
+Mooncake master, "stabilizing overall latency to around 1-2ms"; LMCache issue #891 measured 2.6-655 ms with
+the earlier lookup server). A lookup in the engine's own CPU tier is an in-memory dict probe (vLLM's
+offloading manager, LMCache's local backend): not priced.
 
 Invariants: the wrapper changes nothing but the step's ``total_ms`` and ``overhead_ms`` (by the same amount,
-never negative); an empty step costs nothing; ``connector_ms`` sums what it added.
+never negative); an empty step with no new lookup costs nothing; ``connector_ms`` sums what it added
+(``lookup_ms`` the lookups' part of it); each lookup is charged once.
 """
 
 from __future__ import annotations
@@ -61,6 +68,19 @@ STORE_PATHS: dict[str, StorePath] = {
     "kernel-sync": StorePath(_kernel_sync, False, "LMCache vLLM v1 connector: gather kernel in wait_for_save"),
     "dma-async": StorePath(_dma_async, True, "vLLM OffloadingConnector: cudaMemcpyAsync on a side stream"),
 }
+STORE_LOOKUP_MS = 1.5
+"""Emulated ms one new request's lookup in the shared store holds up the scheduler (LMCache PR #936: 1-2 ms)."""
+
+
+@dataclass(frozen=True)
+class LookupPrice:
+    """The scheduler-path lookups to price: ``ms`` each, ``count()`` the lookups made so far (a counter that
+    only grows, e.g. ``TierCounters.lookups``)."""
+
+    ms: float
+    count: Callable[[], int]
+
+
 CONNECTOR_OVERHEADS = ("auto", "off", *STORE_PATHS)
 """``TiersSpec.connector_overhead`` values: ``auto`` picks ``dma-async`` for an engine with a CPU/disk tier and
 ``kernel-sync`` once it writes through to a shared store (LMCache); ``off`` prices nothing."""
@@ -70,10 +90,13 @@ class ConnectorCostModel:
     """``inner``'s step time plus the store path's cost of the KV the step writes (see the module docstring).
 
     ``kv_bytes_per_gpu_token``: the emulated KV bytes one token adds on one GPU of the engine (the model's
-    KV bytes per token over its TP ranks). Counts ``connector_ms`` (emulated ms added) and ``stored_bytes``.
+    KV bytes per token over its TP ranks). ``lookup``: the store lookups to charge, each on the next step
+    planned after it was made. Counts ``connector_ms`` (emulated ms added), ``lookup_ms`` (its lookups' part)
+    and ``stored_bytes``.
     """
 
-    def __init__(self, inner: CostModel, path: str, link: TierDevice, hbm_gbps: float) -> None:
+    def __init__(self, inner: CostModel, path: str, link: TierDevice, hbm_gbps: float,
+                 lookup: LookupPrice | None = None) -> None:
         if path not in STORE_PATHS:
             raise ValueError(f"unknown store path {path!r} (known: {', '.join(STORE_PATHS)})")
         self.inner = inner
@@ -86,7 +109,10 @@ class ConnectorCostModel:
         self.max_context = inner.max_context
         tp = int(getattr(inner, "tp", 1) or 1)
         self.kv_bytes_per_gpu_token = inner.kv_bytes_per_token / tp
+        self.lookup = lookup
+        self._lookups_charged = lookup.count() if lookup is not None else 0
         self.connector_ms = 0.0
+        self.lookup_ms = 0.0
         self.stored_bytes = 0.0
 
     def added_ms(self, shape: StepShape) -> float:
@@ -95,14 +121,26 @@ class ConnectorCostModel:
             return 0.0
         return self.path.cost_ms(tokens * self.kv_bytes_per_gpu_token, self.link, self.hbm_gbps)
 
+    def _new_lookups_ms(self) -> float:
+        if self.lookup is None:
+            return 0.0
+        seen = self.lookup.count()
+        fresh = seen - self._lookups_charged
+        self._lookups_charged = seen
+        return max(0, fresh) * self.lookup.ms
+
     def step(self, shape: StepShape) -> StepTime:
         t = self.inner.step(shape)
-        extra = self.added_ms(shape)
+        store = self.added_ms(shape)
+        lookups = self._new_lookups_ms()
+        extra = store + lookups
         if extra <= 0.0:
             return t
-        tokens = shape.prefill_tokens + (shape.decode_seqs if self.path.stores_decode else 0)
+        if store > 0.0:
+            tokens = shape.prefill_tokens + (shape.decode_seqs if self.path.stores_decode else 0)
+            self.stored_bytes += tokens * self.kv_bytes_per_gpu_token
         self.connector_ms += extra
-        self.stored_bytes += tokens * self.kv_bytes_per_gpu_token
+        self.lookup_ms += lookups
         return dataclasses.replace(t, total_ms=t.total_ms + extra, overhead_ms=t.overhead_ms + extra)
 
     def __getattr__(self, name: str) -> Any:  # the inner model's other attributes (hardware, tp...)
@@ -113,10 +151,11 @@ def base_cost(cost: CostModel) -> CostModel:
     return cost.inner if isinstance(cost, ConnectorCostModel) else cost
 
 
-def with_store_path(cost: CostModel, setting: str, wanted: str, link: TierDevice) -> CostModel:
-    """``cost`` priced for the store path ``wanted`` (what ``auto`` resolves to here) unless ``setting``
-    overrides it (``off``: the bare model; a path name: that path). Re-wrapping replaces an earlier path, so
-    an engine that gains a store after its CPU tier is priced once, as LMCache."""
+def with_store_path(cost: CostModel, setting: str, wanted: str, link: TierDevice,
+                    lookup: LookupPrice | None = None) -> CostModel:
+    """``cost`` priced for the store path ``wanted`` (what ``auto`` resolves to here) and ``lookup`` unless
+    ``setting`` overrides it (``off``: the bare model; a path name: that path). Re-wrapping replaces an earlier
+    path, so an engine that gains a store after its CPU tier is priced once, as LMCache."""
     bare = base_cost(cost)
     path = wanted if setting == "auto" else setting
     if path == "off":
@@ -125,4 +164,4 @@ def with_store_path(cost: CostModel, setting: str, wanted: str, link: TierDevice
     hbm = float(getattr(hw, "hbm_bandwidth_gbps", 0.0) or 0.0)
     if path == "dma-async" and hbm <= 0.0:
         return bare  # an empirical profile without an HBM figure: nothing to price the contention by
-    return ConnectorCostModel(bare, path, link, hbm or 1.0)
+    return ConnectorCostModel(bare, path, link, hbm or 1.0, lookup)

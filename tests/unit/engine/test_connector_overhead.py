@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from actors.cost_model import EmpiricalCostModel, RooflineCostModel, StepShape
-from actors.engine.tiers.overhead import STORE_PATHS, ConnectorCostModel, base_cost, with_store_path
+from actors.engine.tiers.overhead import (
+    STORE_LOOKUP_MS,
+    STORE_PATHS,
+    ConnectorCostModel,
+    LookupPrice,
+    base_cost,
+    with_store_path,
+)
 from config import default_catalog
 from config.tiers import TiersSpec, tier_devices
 
@@ -65,3 +72,20 @@ def test_with_store_path_resolves_auto_off_and_rewraps_once() -> None:
     assert isinstance(with_store_path(emp, "auto", "kernel-sync", LINK), ConnectorCostModel)
     with pytest.raises(ValueError, match="unknown store path"):
         ConnectorCostModel(bare, "nvlink-magic", LINK, 1.0)
+
+
+def test_each_store_lookup_is_charged_once_on_the_next_step() -> None:
+    bare = roofline()
+    made = [3]  # lookups made before the wrapper existed are not charged to it
+    cm = ConnectorCostModel(bare, "kernel-sync", LINK, 3350.0, LookupPrice(STORE_LOOKUP_MS, lambda: made[0]))
+    decode = StepShape.of(decodes=[2000] * 8)
+    assert cm.step(decode) == bare.step(decode)
+    made[0] += 2  # two requests admitted while this step was planned
+    got = cm.step(decode)
+    assert got.total_ms == pytest.approx(bare.step(decode).total_ms + 2 * STORE_LOOKUP_MS)
+    assert got.overhead_ms == pytest.approx(bare.step(decode).overhead_ms + 2 * STORE_LOOKUP_MS)
+    assert cm.step(decode) == bare.step(decode)  # charged once
+    assert cm.lookup_ms == pytest.approx(2 * STORE_LOOKUP_MS) == pytest.approx(cm.connector_ms)
+    lm = with_store_path(bare, "auto", "kernel-sync", LINK, LookupPrice(STORE_LOOKUP_MS, lambda: made[0]))
+    assert isinstance(lm, ConnectorCostModel) and lm.lookup is not None
+    assert with_store_path(lm, "off", "kernel-sync", LINK) is bare  # off prices nothing, lookups included

@@ -1,6 +1,7 @@
 """Engines sharing a KV store, on the virtual clock over the in-process transport: a prefix one engine computed
 is loaded by another from the store (paying the modelled load, not the prefill), announced with medium STORE;
-a store killed mid-run leaves every request served (the load falls back to recompute, same tokens)."""
+a store killed mid-run leaves every request served (the load falls back to recompute, same tokens); each
+request's store lookup is priced once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from actors.engine.engine import Engine, EngineConfig
 from actors.engine.kv_blocks import BlockStored, KVEvent, hash_request_blocks
 from actors.engine.scheduler import SchedulerLimits
 from actors.engine.tiers.base import MEDIUM_STORE
+from actors.engine.tiers.overhead import STORE_LOOKUP_MS, ConnectorCostModel
 from actors.kvstore.client import StoreTier
 from actors.kvstore.engine_side import attach_store
 from actors.kvstore.server import StoreServer
@@ -127,6 +129,10 @@ async def test_a_prefix_computed_by_one_engine_is_loaded_by_another(region: tupl
     announced = {h for e in r.events[0] if isinstance(e, BlockStored) and e.medium == MEDIUM_STORE
                  for h in e.block_hashes}
     assert len(announced) >= 59  # the router learns the region's store holds the prefix
+    for eng in (a, b):  # each admitted request's store lookup held up one step (LMCache's scheduler path)
+        assert isinstance(eng.cost, ConnectorCostModel) and eng.tiers is not None
+        assert eng.tiers.counters.lookups == 1
+        assert eng.cost.lookup_ms == pytest.approx(STORE_LOOKUP_MS)
 
 
 async def test_a_store_killed_mid_run_leaves_every_request_served(region: tuple[VirtualClock, Region]) -> None:
