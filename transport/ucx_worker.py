@@ -46,10 +46,17 @@ def _ucxx() -> Any:
     return lib
 
 
-def _array(buf: Any) -> Any:
-    from ucxx._lib.arr import Array
+_Array: Any = None
 
-    return Array(buf)
+
+def _array(buf: Any) -> Any:
+    """A ucxx ``Array`` over ``buf`` (the class imported once: an import statement per request cost 0.7 us)."""
+    global _Array
+    if _Array is None:
+        from ucxx._lib.arr import Array
+
+        _Array = Array
+    return _Array(buf)
 
 
 def ucx_config() -> dict[str, str]:
