@@ -8,10 +8,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transport.base import ClockLike, Op, Site, TransferRecord, TransportOptions
+from transport.base import Address, ClockLike, Op, Site, TransferRecord, TransportOptions
 from transport.blocks import Block, Delivery, RequestId
 from transport.errors import TransferTimeout, TransportClosed, TransportError, translate
 from transport.inbox import Inbox, Offers
+
+
+class Described:
+    """What a call is, as its error messages name it ("tcp push 'r1' to tcp://...#n@r"), formatted only when an
+    error needs it (formatting an address costs as much as a small push's other bookkeeping)."""
+
+    __slots__ = ("address", "backend", "op", "preposition", "request_id")
+
+    def __init__(self, backend: str, op: str, request_id: RequestId, preposition: str, address: Address) -> None:
+        self.backend, self.op, self.request_id, self.preposition, self.address = (
+            backend, op, request_id, preposition, address)
+
+    def __str__(self) -> str:
+        return f"{self.backend} {self.op} {self.request_id!r} {self.preposition} {self.address}"
 
 
 # -- deadlines ------------------------------------------------------------------------------------

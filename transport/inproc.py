@@ -36,19 +36,7 @@ from transport.base import (
     TransportOptions,
     TransportStats,
 )
-from transport.endpoint import EndpointBase, within
-
-
-class _What:
-    """A transfer's description for error messages, formatted only when an error needs it."""
-
-    __slots__ = ("address", "op", "request_id", "way")
-
-    def __init__(self, op: str, request_id: RequestId, way: str, address: Address) -> None:
-        self.op, self.request_id, self.way, self.address = op, request_id, way, address
-
-    def __str__(self) -> str:
-        return f"inproc {self.op} {self.request_id!r} {self.way} {self.address}"
+from transport.endpoint import Described, EndpointBase, within
 
 
 class InprocHub:
@@ -122,9 +110,10 @@ class InprocTransport(EndpointBase):
         self._check_open()
         start, t0 = self.clock.now_ms(), time.perf_counter()
         dl = self.deadline(deadline_ms)
+        what = Described(self.name, "push", request_id, "to", address)
         if gate is None:  # nothing to wait for: one synchronous step, no timer
             if start > dl:
-                raise TransferTimeout(f"{_What('push', request_id, 'to', address)}: called after its deadline")
+                raise TransferTimeout(f"{what}: called after its deadline")
             peer = self._peer(address)
             if self.options.inproc_verify != "always":  # the common case in one pass: views, no checksum
                 real = 0
@@ -138,9 +127,8 @@ class InprocTransport(EndpointBase):
                     return TransferRecord.unshaped(request_id, "push", self.name, address.site, len(blocks), real,
                                                    start, self.clock.now_ms() - start,
                                                    (time.perf_counter() - t0) * 1000.0)
-            peer.inbox.deliver(request_id, self._handover(blocks, _What("push", request_id, "to", address)))
+            peer.inbox.deliver(request_id, self._handover(blocks, what))
             return self._record("push", request_id, address.site, blocks, start, time.perf_counter() - t0)
-        what = _What("push", request_id, "to", address)
         self._pending += 1
         try:
             async with within(self.clock, dl, what):
@@ -156,7 +144,7 @@ class InprocTransport(EndpointBase):
     async def pull(self, address: Address, request_id: RequestId, block_ids: Sequence[BlockId], *,
                    deadline_ms: float | None = None, on_size: SizeHook | None = None) -> Delivery:
         self._check_open()
-        what = _What("pull", request_id, "from", address)
+        what = Described(self.name, "pull", request_id, "from", address)
         start, t0 = self.clock.now_ms(), time.perf_counter()
         if start > self.deadline(deadline_ms):
             raise TransferTimeout(f"{what}: called after its deadline")

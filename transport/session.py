@@ -57,7 +57,7 @@ from transport.base import (
     TransportStats,
 )
 from transport.connection import MAX_STAGED_PER_CONNECTION, SMALL_PUSH, YIELD_BYTES, Connection, Handler
-from transport.endpoint import EndpointBase, within
+from transport.endpoint import Described, EndpointBase, within
 from transport.frame import (
     Limits,
 )
@@ -67,20 +67,6 @@ from transport.session_server import Server, Staged
 
 __all__ = ["MAX_STAGED_PER_CONNECTION", "YIELD_BYTES", "Client", "Connection", "FramedTransport", "Handler",
            "Pending", "Progress", "Server", "Staged"]
-
-
-class Described:
-    """What a call is, as its error messages name it ("tcp push 'r1' to tcp://...#n@r"), formatted only when an
-    error needs it (formatting an address costs as much as a small push's other bookkeeping)."""
-
-    __slots__ = ("address", "backend", "op", "preposition", "request_id")
-
-    def __init__(self, backend: str, op: str, request_id: RequestId, preposition: str, address: Address) -> None:
-        self.backend, self.op, self.request_id, self.preposition, self.address = (
-            backend, op, request_id, preposition, address)
-
-    def __str__(self) -> str:
-        return f"{self.backend} {self.op} {self.request_id!r} {self.preposition} {self.address}"
 
 
 class FramedTransport(EndpointBase):
