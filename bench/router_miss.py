@@ -34,10 +34,14 @@ CPU = time.thread_time_ns
 
 
 def prompt_text(i: int) -> str:
-    """A 2176-word prompt unique from its first word (so a miss on every engine), as the load test writes it."""
+    """A 2176-word prompt of random words (so a miss on every engine, and words the router may not have met,
+    as the first request of a new prefix brings), as the load test writes it."""
+    import random
+
     from cluster.loadtest.client import ids_to_text
 
-    return ids_to_text([(i * 7919 + k * 31) % 17576 for k in range(PROMPT_TOKENS)])
+    rng = random.Random(i)
+    return ids_to_text([rng.randrange(17576) for _ in range(PROMPT_TOKENS)])
 
 
 def _engines(q: Any, n: int, engine_ms: float) -> None:
@@ -298,12 +302,19 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, An
     paths = {"direct": urls[0], "kvmesh": kv_url, **({"sgl_router": sgl.url} if sgl else {})}
     rounds, per = (4, 25) if quick else (10, 60)
     rows: dict[str, list[dict[str, int]]] = {k: [] for k in paths}
+    cold: dict[str, list[dict[str, int]]] = {k: [] for k in paths}
     rid = 0
 
     async def run() -> None:
         nonlocal rid
         sessions = {k: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for k in paths}
         try:
+            for k, url in paths.items():  # cold: the first request to each engine after the router started
+                for _ in range(ENGINES):
+                    rid += 1
+                    r = await _send(sessions[k], url, rid)
+                    r["rid"] = rid
+                    cold[k].append(r)
             for k, url in paths.items():  # warm: pools, the router's tokenizer cache
                 for _ in range(10):
                     await _send(sessions[k], url, rid := rid + 1)
@@ -329,7 +340,7 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, An
         if sgl is not None:
             sgl.stop()
         engines.kill()
-    for r in rows["kvmesh"]:
+    for r in rows["kvmesh"] + cold["kvmesh"]:
         r.update({k: v for k, v in marks.get(r["rid"], {}).items() if k != "rid"})
     out: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "engine_ms": engine_ms, "requests_per_path": rounds * per,
                            "sgl_router": "measured" if sgl else "absent (.venv-sglang)"}
@@ -339,6 +350,12 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, An
     base = out["direct"]["ttft_minus_engine"]
     out["added_us"] = {k: round(out[k]["ttft_minus_engine"] - base, 1) for k in paths if k != "direct"}
     print(f"added over direct (median us): {out['added_us']}", flush=True)
+    # The first request to each engine (fresh connections, cold caches): a run's first misses.
+    out["cold"] = {k: _split(rs, k == "kvmesh") for k, rs in cold.items()}
+    print(f"cold (first {ENGINES} requests): {out['cold']}", flush=True)
+    out["cold_added_us"] = {k: round(out["cold"][k]["ttft_minus_engine"] - out["cold"]["direct"]["ttft_minus_engine"],
+                                     1) for k in paths if k != "direct"}
+    print(f"cold added over direct (median us): {out['cold_added_us']}", flush=True)
     return out
 
 

@@ -53,6 +53,8 @@ from cluster.router.view import ClusterView, RequestContext, RoutingConfig, Work
 from config.cluster import ClusterSpec, DisaggSpec, RouterSpec
 
 SHUTTING_DOWN = "the router is shutting down (restart): send the request again"
+WARM_CONNECTIONS = 2
+"""Connections opened to each engine at start: the first requests of a run rarely overlap more on one engine."""
 
 
 @dataclass(frozen=True)
@@ -115,18 +117,34 @@ class RouterServer:
         """By feed URL: one connection per engine process (workers launched together share one)."""
         self._feed_of: dict[WorkerId, str] = {}
         self._feed_session: Any = None
+        self._warming: set[asyncio.Task[int]] = set()
         self.closing = False
         """A graceful stop began: requests are refused, those in flight ended (``end_requests``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start_mechanism(self) -> None:
-        """Feeds and the deadline sweeper (the HTTP server is ``web.RouterHTTP``'s)."""
+        """Feeds, the deadline sweeper and warm connections to every engine (the HTTP server is
+        ``web.RouterHTTP``'s)."""
         if self.spec.index_mode == "events":
             for w in self.view.workers.values():
                 await self._start_feed(w)
         self.deadlines.start()
+        for w in self.view.workers.values():
+            self._warm(w)
+
+    def _warm(self, w: WorkerInfo) -> None:
+        """Open ``WARM_CONNECTIONS`` pooled connections to a worker in the background, so a run's first
+        requests (its first cache misses) do not pay the connect (``Upstream.warm``)."""
+        task = asyncio.get_running_loop().create_task(self.upstream.warm(w.url, WARM_CONNECTIONS),
+                                                      name=f"warm-{w.name}")
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
 
     async def stop_mechanism(self) -> None:
+        for task in list(self._warming):
+            task.cancel()
+        if self._warming:
+            await asyncio.wait(list(self._warming))
         await self.deadlines.stop()
         await self.kv_migrator.close()
         for f in list(self.feeds.values()):
@@ -183,6 +201,7 @@ class RouterServer:
         self.view.add(w)
         if self.spec.index_mode == "events":
             await self._start_feed(w)
+        self._warm(w)
         return json_whole({"added": w.name})
 
     async def remove_worker(self, call: Call) -> Whole:

@@ -119,6 +119,8 @@ class FakeUpstream:
         self.sent: list[Sent] = []
         self.open: set[FakeResponse] = set()
         self.answered: list[FakeResponse] = []
+        self.warmed: list[tuple[str, int]] = []
+        """``warm`` calls: (engine, connections)."""
         self.closed = False
 
     def engine(self, url: str, script: Script) -> None:
@@ -138,6 +140,10 @@ class FakeUpstream:
         self.open.add(resp)
         self.answered.append(resp)
         return resp
+
+    async def warm(self, base_url: str, connections: int) -> int:
+        self.warmed.append((base_url, connections))
+        return 0 if base_url in self.down or base_url not in self.engines else connections
 
     def to(self, url: str, path: str = "/v1/completions") -> list[Sent]:
         return [s for s in self.sent if s.engine == url and s.path == path]
