@@ -165,10 +165,10 @@ class Server:
             f.release()
             self._ack(t, err)
             return
+        self._ack(t, None)  # the answer leaves first: the delivery below is in the same step and cannot fail
         self.owner.inbox.deliver(RequestId(request_id),
                                  (Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo),),
                                  (f.lease,))
-        self._ack(t, None)
 
     def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
         st = self.staged.pop(t, None) or Staged()
