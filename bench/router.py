@@ -17,7 +17,8 @@ Figures (each beside its same-run baseline):
 
 ``--quick`` measures the overhead (small counts) and, with ``--parts prefix``, one small sweep point;
 ``--parts`` and ``--policies`` pick what a full run measures; ``--parts profile`` adds where the router's
-CPU goes by layer (``bench/router_profile.py``); ``--parts prefix-virtual`` replays the prefix sweep on virtual
+CPU goes by layer (``bench/router_profile.py``), ``--parts miss`` a cache miss's path span by span beside
+sgl-router's (``bench/router_miss.py``); ``--parts prefix-virtual`` replays the prefix sweep on virtual
 time (``bench/router_virtual.py``: kvmesh's policies, several seeds, seconds per point, no Ray).
 sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing; ``--no-sglang``
 skips it, and the figures say so).
@@ -493,7 +494,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=90.0, help="Mooncake slice length (trace seconds)")
     p.add_argument("--speed", type=float, default=1.0, help="Mooncake replay speed")
     p.add_argument("--parts", default="overhead,quality,regions",
-                   help="which parts to run (comma-separated; 'profile' adds bench/router_profile.py's CPU profile)")
+                   help="which parts to run (comma-separated; 'profile' adds bench/router_profile.py's CPU profile, "
+                        "'miss' bench/router_miss.py's miss path span by span)")
     p.add_argument("--ratios", default="1,2,4",
                    help="prefix part: working set / one engine's KV cache, per sweep point (comma-separated)")
     p.add_argument("--prefix-requests", type=int, default=300, help="prefix part: requests per run")
@@ -538,6 +540,10 @@ def main() -> None:
             from bench.router_profile import profile
 
             result["profile"] = profile(args.quick)
+        if "miss" in parts:
+            from bench.router_miss import miss_path
+
+            result["miss"] = miss_path(args.quick, 90.0, None if args.no_sglang else sglang_python(install=False))
     finally:
         ray.shutdown()
     emit(result)
