@@ -49,17 +49,28 @@ EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
                         "shapes (same SMs and clocks), a third above the tensor peak; H100's fit is used"),
 }
 """(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
-FP8_GEMM_GAIN_FROM: dict[str, tuple[str, str]] = {
-    "b200-180g-sxm": (
+SIBLING_GPUS: dict[str, tuple[str, str]] = {
+    "h200-141g-sxm": (
         "h100-80g-sxm",
-        "its fp8 GEMM table measured a kernel no faster than its bf16 one (time bf16/fp8 0.97x at m <= 16, "
-        "1.03x at m 64-256, 0.83x at m >= 1024: fp8_gemm_speedup) where every other fp8 part's table is "
-        "1.05-1.76x faster, and the datasheet gives B200 the same 2:1 fp8:bf16 rate as Hopper; B200's "
-        "served fp8 70B steps are no slower than its bf16 GEMMs allow (validate)"),
+        "the same GH100 die (132 SMs, same clocks) with 1.43x the bandwidth, yet its decode-attention table's "
+        "few-KV-head rows at large batch x context take up to 4.6x H100's time on the same shape (1-2 KV "
+        "heads: p90 2.4-4.6x; 8 KV heads: p90 1.02x); those rows keep the time of 4 KV heads' work"),
 }
-"""GPU -> (the GPU whose measured fp8/bf16 time ratio is used, why): tables whose fp8 GEMM kernel is not the
-one vLLM serves with. Their ``gemm_fp8`` is fitted on their own bf16 table, each shape's time multiplied by
-that GPU's measured fp8 time / bf16 time on the same (m, n, k): the tuned kernel's gain, per shape."""
+"""GPU -> (a sibling GPU no slower on any decode-attention shape, why): rows of the GPU's decode-attention
+tables above ``SIBLING_MAX_RATIO`` x the sibling's time on the same shape measured something else."""
+SIBLING_MAX_RATIO = 1.25
+"""Tolerance of the sibling check: run-to-run spread of a kernel time (p90 of H200/H100 on 8 KV heads: 1.02)."""
+FP8_GEMM_BF16_BOUND: dict[str, str] = {
+    "b200-180g-sxm":
+        "its fp8 GEMM table runs no faster than its bf16 one (time bf16/fp8 0.97x at m <= 16, 1.03x at m 64-256, "
+        "0.83x at m >= 1024: fp8_gemm_speedup) where every other fp8 part's is 1.05-1.76x faster, and the "
+        "datasheet gives B200 Hopper's 2:1 fp8:bf16 rate. Its served fp8 70B decode steps (validate, m <= 64) "
+        "run at the table's small-m speed (TPOT bias -1% with this bound; -14% with H100's fp8/bf16 gain per shape "
+        "applied to its bf16 table instead), so only the shapes where the fp8 kernel loses to bf16 are implausible",
+}
+"""GPU -> why: parts whose fp8 GEMM table measured a kernel that is slower than the same GPU's bf16 GEMM on some
+shapes. An fp8 GEMM moves half the bytes at twice the tensor rate, and a deployment does not serve fp8 where it
+loses to bf16, so their ``gemm_fp8`` is fitted on ``min(fp8 time, bf16 time)`` per (m, n, k)."""
 SEED = 12
 FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
                    "moe_fp8")
@@ -139,38 +150,60 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
 
 
-def _gemm_fp8_by_gain(root: Path, gain_root: Path, hw: HardwareProfile, why: str) -> OpSamples | None:
-    """fp8 GEMM samples for a GPU whose fp8 table is not the served kernel (``FP8_GEMM_GAIN_FROM``): its bf16
-    rows times ``gain_root``'s fp8 / bf16 time ratio on the same shape (shapes measured in all three)."""
-    own = _table(_latest(root / "gemm" / "vllm"), "gemm_perf.parquet")
-    gain = _table(_latest(gain_root / "gemm" / "vllm"), "gemm_perf.parquet")
-    if own is None or gain is None:
+def _gemm_fp8_bf16_bound(root: Path, hw: HardwareProfile) -> OpSamples | None:
+    """fp8 GEMM samples of a GPU in ``FP8_GEMM_BF16_BOUND``: per shape measured in both dtypes, the faster of
+    its fp8 and bf16 times (each at its own dtype's bytes and peak in the cost model; here fp8's)."""
+    ver = _latest(root / "gemm" / "vllm")
+    t = _table(ver, "gemm_perf.parquet")
+    if t is None:
         return None
     by_dtype: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
-    for dt, m, n, k, lat in zip(gain["gemm_dtype"], gain["m"], gain["n"], gain["k"], gain["latency"], strict=True):
+    for dt, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"], strict=True):
         by_dtype[str(dt)][(int(m), int(n), int(k))] = float(lat)
-    b16, fp8 = by_dtype.get("bfloat16", {}), by_dtype.get("fp8", {})
-    rows = [(m, n, k, lat * fp8[key] / b16[key])
-            for m, n, k, lat, dt in zip(own["m"], own["n"], own["k"], own["latency"], own["gemm_dtype"], strict=True)
-            if dt == "bfloat16" for key in [(int(m), int(n), int(k))] if key in fp8 and key in b16 and b16[key] > 0]
+    b16 = by_dtype.get("bfloat16", {})
+    rows = [(*key, min(lat, b16[key])) for key, lat in by_dtype.get("fp8", {}).items() if key in b16]
     if not rows:
         return None
     a = np.array(rows, dtype=float)
     m, n, k = a[:, 0], a[:, 1], a[:, 2]
-    return _samples("gemm_fp8", f"gemm bf16 x {gain_root.name} fp8/bf16 per shape ({why.split(':')[0]})",
-                    2 * m * n * k, gemm_bytes(m, n, k, 1.0), m, {"latency": a[:, 3]}, hw.tflops("fp8") * 1e9,
+    return _samples("gemm_fp8", f"gemm min(fp8, bf16) per shape vLLM {ver.name if ver else '?'}", 2 * m * n * k,
+                    gemm_bytes(m, n, k, 1.0), m, {"latency": a[:, 3]}, hw.tflops("fp8") * 1e9,
                     hw.hbm_bandwidth_gbps * 1e6, width=n)
 
 
+ATTENTION_KEY = ("batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype")
+
+
+def _no_slower_than_sibling(t: dict[str, np.ndarray], sibling_root: Path, name: str) -> np.ndarray:
+    """Mask of the rows of ``t`` (an attention table) within ``SIBLING_MAX_RATIO`` of the same shape's time in
+    the sibling GPU's table (a shape it lacks passes)."""
+    s = _table(_latest(sibling_root / "attention" / "vllm"), name)
+    if s is None:
+        return np.ones(len(t["latency"]), dtype=bool)
+    cols = [c for c in ATTENTION_KEY if c in s and c in t]
+    ref = dict(zip(zip(*(s[c].tolist() for c in cols), strict=True), s["latency"].tolist(), strict=True))
+    keys = zip(*(t[c].tolist() for c in cols), strict=True)
+    return np.array([lat <= SIBLING_MAX_RATIO * ref.get(key, np.inf)
+                     for key, lat in zip(keys, t["latency"].tolist(), strict=True)], dtype=bool)
+
+
 def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "bfloat16") -> OpSamples | None:
-    """Attention rows with a ``kv_dtype`` cache (``bfloat16`` or ``fp8``), full (no sliding window)."""
+    """Attention rows with a ``kv_dtype`` cache (``bfloat16`` or ``fp8``), full (no sliding window); for a GPU
+    in ``SIBLING_GPUS``, decode rows slower than its sibling's on the same shape are left out and counted."""
     ver = _latest(root / "attention" / "vllm")
-    t = _table(ver, "context_attention_perf.parquet" if prefill else "generation_attention_perf.parquet")
+    name = "context_attention_perf.parquet" if prefill else "generation_attention_perf.parquet"
+    t = _table(ver, name)
     if t is None:
         return None
     mask = t["kv_cache_dtype"] == kv_dtype
     if "window_size" in t:
         mask &= t["window_size"] == 0
+    sibling = SIBLING_GPUS.get(hw.name)
+    left_out = 0
+    if sibling is not None and not prefill:
+        ok = _no_slower_than_sibling(t, root.parent / OP_TABLE_GPUS[sibling[0]], name)
+        left_out = int(np.sum(mask & ~ok))
+        mask &= ok
     if not np.any(mask):
         return None
     t = _where(t, mask)
@@ -189,7 +222,8 @@ def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "
         size = b
         width = b * kvh
     family = ("attention_prefill" if prefill else "attention_decode") + ("_fp8" if kv_dtype == "fp8" else "")
-    return _samples(family, f"{family} vLLM {ver.name if ver else '?'}", flops, nbytes, size, t,
+    note = f" ({left_out} rows slower than {sibling[0]}'s left out)" if sibling and left_out else ""
+    return _samples(family, f"{family} vLLM {ver.name if ver else '?'}{note}", flops, nbytes, size, t,
                     hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width)
 
 
@@ -248,8 +282,8 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
 
     A diagnostic of the table, not a fit: with half the bytes and twice the tensor rate a tuned fp8 kernel
     runs faster than the bf16 one on the same shape (H100 1.21-1.56x, L40S 1.39-1.76x). B200's vLLM 0.19
-    table runs its fp8 GEMMs no faster (0.83x at m >= 1024), so its ``gemm_fp8`` fit inherits a kernel the
-    served runs did not use: its fp8 70B prefills are predicted too slow (validate: TTFT +50-70% on TP1).
+    table runs its fp8 GEMMs no faster (0.83x at m >= 1024): its ``gemm_fp8`` is fitted with each shape
+    bounded by the bf16 time (``FP8_GEMM_BF16_BOUND``).
     """
     t = _table(_latest(gpu_dir / "gemm" / "vllm"), "gemm_perf.parquet")
     if t is None:
@@ -269,12 +303,11 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
 
 def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
     """Every op family's samples for ``hw`` from its table folder (families without a table are absent);
-    a GPU in ``FP8_GEMM_GAIN_FROM`` gets its fp8 GEMM samples from its bf16 table and the named GPU's gain."""
-    gain = FP8_GEMM_GAIN_FROM.get(hw.name)
+    a GPU in ``FP8_GEMM_BF16_BOUND`` gets its fp8 GEMM samples bounded by its bf16 ones."""
     loaders: dict[str, Callable[[], OpSamples | None]] = {
         "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm"),
-        "gemm_fp8": (lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8")) if gain is None else (
-            lambda: _gemm_fp8_by_gain(gpu_dir, gpu_dir.parent / OP_TABLE_GPUS[gain[0]], hw, gain[1])),
+        "gemm_fp8": (lambda: _gemm_fp8_bf16_bound(gpu_dir, hw)) if hw.name in FP8_GEMM_BF16_BOUND else (
+            lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8")),
         "attention_prefill": lambda: _attention(gpu_dir, hw, True),
         "attention_decode": lambda: _attention(gpu_dir, hw, False),
         "attention_decode_fp8": lambda: _attention(gpu_dir, hw, False, "fp8"),

@@ -124,7 +124,8 @@ class Efficiency(Frozen):
     attention_decode_fp8: OpFit | None = None
     """Decode attention over an fp8 KV cache, fitted on its own rows: the kernels dequantize the cache on the
     fly, so halving the bytes does not halve the time (H200: fp8 rows take 0.89x the bf16 rows' time on
-    >= 256 MB of bf16 KV, H100 0.66x, B200 0.56x, L40S 0.51x). None: ``attention_decode`` at the fp8 bytes."""
+    >= 256 MB of bf16 KV, 0.78x on the rows consistent with H100's, H100 0.66x, B200 0.56x, L40S 0.51x).
+    None: ``attention_decode`` at the fp8 bytes."""
     moe: OpFit = OpFit()
     """vLLM's fused MoE (Triton), 16-bit."""
     moe_fp8: OpFit = OpFit()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from actors.calibration import (
     DEFAULT_DATA,
+    FP8_GEMM_BF16_BOUND,
     FP8_SPEEDUP_RANGES,
     OP_DATA,
     OP_TABLE_GPUS,
@@ -87,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     out.print(sp)
     for name, v in speedups.items():
         if v and min(v.values()) < 1.0:
-            out.print(f"{name}: its fp8 GEMM table is no faster than its bf16 one somewhere ({v}): the fp8 fit "
-                      "follows a kernel slower than a tuned one")
+            bound = ("its fp8 fit takes min(fp8, bf16) per shape (FP8_GEMM_BF16_BOUND)" if name in FP8_GEMM_BF16_BOUND
+                     else "the fp8 fit follows a kernel slower than a tuned one")
+            out.print(f"{name}: its fp8 GEMM table is no faster than its bf16 one somewhere ({v}): {bound}")
     report = []
     if args.splitwise.exists():
         report = splitwise_report(cat, load_points(args.splitwise))

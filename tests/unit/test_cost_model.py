@@ -161,14 +161,14 @@ def test_fp8_models_run_the_fp8_gemm_fit() -> None:
 
 
 def test_fp8_kv_cache_runs_its_own_decode_attention_fit() -> None:
-    # fp8 KV decode kernels dequantize on the fly: on H200 they take ~0.9x the bf16 time on large caches,
-    # not the 0.5x that half the bytes at the bf16 fit would say. The model reads the fp8 fit.
+    # fp8 KV decode kernels dequantize on the fly: on Hopper they take 0.66-0.9x the bf16 time on large caches,
+    # not the 0.5x that half the bytes at the bf16 fit would say. The model reads the fp8 fit (H200: 0.74x).
     hw = CAT.hardware.get("h200-141g-sxm")
     assert hw.efficiency.attention_decode_fp8 is not None
     kv8 = RooflineCostModel(hw, CAT.models.get("llama-3.1-70b-fp8-kv8"), 1)
     kv16 = RooflineCostModel(hw, CAT.models.get("llama-3.1-70b-fp8"), 1)
     shape = StepShape.of(decodes=[9000] * 32)
-    assert kv8.attention_ms(shape) > 0.75 * kv16.attention_ms(shape)
+    assert kv8.attention_ms(shape) > 0.65 * kv16.attention_ms(shape)
     slow = hw.efficiency.model_copy(update={"attention_decode_fp8": OpFit(latency_us=1000.0)})
     assert RooflineCostModel(hw, CAT.models.get("llama-3.1-70b-fp8-kv8"), 1, slow).attention_ms(
         StepShape.of(decodes=[100])) >= 1.0
