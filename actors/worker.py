@@ -22,7 +22,6 @@ from actors.kv_connector import KVConnector, address_to_json
 from actors.kvstore.engine_side import StoreLink, Stores
 from actors.metrics import EngineMetrics
 from actors.migration import MigrationAgent
-from actors.sched_slice import set_request_slice
 from actors.server import EngineServer
 from config.cluster import ClusterSpec
 from config.manifest import refusal
@@ -116,11 +115,9 @@ class GpuWorker:
         self.kv_stores = stores
 
     def _claim_cpu(self) -> None:
-        """The spec's niceness and scheduler slice for every thread here (again from the loop's thread at
-        ``start``: threads started since inherit from their creator, which may not have been set)."""
+        """The spec's niceness for every thread here (again from the loop's thread at ``start``: threads
+        started since inherit from their creator, which may not have been set)."""
         restore_priority(self.spec.engine_nice)
-        if self.spec.engine_slice_ms is not None:
-            set_request_slice(self.spec.engine_slice_ms)
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""

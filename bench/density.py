@@ -2,11 +2,11 @@
 
 Layouts compared in the same run:
 - ``new``: the default: one actor per emulated node (split while the host has more cores than actors: 2 here),
-  its engines on one HTTP server by path, one timer per
-  process, the feed per actor and on change;
+  its engines on one HTTP server by path, one timer per process, the feed per actor and on change, the engine
+  processes at niceness -5 where the host allows (``engine_nice``);
 - ``old``: one actor per GPU, a server per engine, the old feed (one WebSocket per engine, every engine's
   load every 50 ms), engines polling the loop before each deadline: ``gpus_per_actor 1, engine_server
-  per_engine, FeedSpec(per_actor=False, only_changes=False, heartbeat_ms=50), engine_clock spin``. (The
+  per_engine, FeedSpec(per_actor=False, only_changes=False, heartbeat_ms=50), engine_clock spin, engine_nice 0``. (The
   hot-path changes shared by both layouts, SSE template, relay writes, are in the baseline too.)
 
 Figures (``--parts``, default all):
@@ -54,19 +54,17 @@ GOAL_CAPACITY_RATIO_4GPU = 3.0
 OLD_FEED: dict[str, Any] = {"per_actor": False, "only_changes": False, "heartbeat_ms": 50.0}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "new": {},
-    "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED, "engine_clock": "spin"},
+    "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED, "engine_clock": "spin",
+            "engine_nice": 0},
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"},
-    "new_nice": {"engine_nice": -5}, "new_spin_nice": {"engine_clock": "spin", "engine_nice": -5},
-    "new_slice": {"engine_slice_ms": 0.1}, "new_slice_nice": {"engine_slice_ms": 0.1, "engine_nice": -5},
-    "new_1proc": {"gpus_per_actor": 8}}
+    "new_nice0": {"engine_nice": 0}, "new_nice10": {"engine_nice": -10}, "new_1proc": {"gpus_per_actor": 8}}
 """Measured only when ``--layouts`` names them: the default layout with another way of waking engines at their
 step deadlines (the default, ``thread``, wakes a helper thread and then the loop: two wake-ups a step, each one
 a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline), with the engine
-processes ahead of the router and the load generator for a core (``engine_nice`` -5, where the host allows), with
-their threads asking the scheduler for 0.1 ms slices (``engine_slice_ms``: they preempt on waking), or
-with every engine of the node in one process (up to 8 GPUs)."""
+processes at another niceness than the default -5 (0: level with the router and the load generator; where the
+host allows lowering it), or with every engine of the node in one process (up to 8 GPUs)."""
 OLD_LAYOUT_MAX_GPUS = 16
 """Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
 
