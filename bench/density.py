@@ -32,6 +32,7 @@ new layout only for Mooncake. The host is shared: other processes' load shows in
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -161,6 +162,20 @@ def capacity_part(quick: bool) -> dict[str, Any]:
     return out
 
 
+def run_and_wait_s(pids: list[int]) -> tuple[float, float]:
+    """Seconds the processes' threads ran, and waited runnable for a core (``/proc/<pid>/task/*/schedstat``):
+    the second is the host contention an engine's step lag comes from."""
+    run = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:  # a thread that ended
+                continue
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
+
+
 def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, Any]:
     from cluster.loadtest import LoadTestConfig, run_loadtest, run_sync
     from cluster.loadtest.formats import ReadOptions, read_trace
@@ -172,12 +187,14 @@ def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, An
     h = launch(spec(8, layout))
     try:
         pids = process_pids(h)
+        sched0 = run_and_wait_s(h.worker_pids)
         cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
         s = run_sync(run_loadtest(h.router_url, trace, LoadTestConfig(name=f"density-mooncake-{label}",
                                                                        progress=False, plots=False,
                                                                        step_lag_threshold_ms=LAG_BOUND_MS),
                                   out_root=None)).summary
         cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
+        sched1 = run_and_wait_s(h.worker_pids)
     finally:
         h.shutdown()
     lag = s.get("step_lag_ms") or {}
@@ -188,7 +205,10 @@ def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, An
            "trustworthy": s["trustworthy"], "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
            "cores": round(cpu / max(1e-9, s["wall_s"]), 3),
            "cpu_us_per_token": round(cpu / max(1, s["total_output_tokens"]) * 1e6, 1),
-           "lag_goal_met": lag.get("p99") is not None and float(lag["p99"]) <= LAG_BOUND_MS}
+           "lag_goal_met": lag.get("p99") is not None and float(lag["p99"]) <= LAG_BOUND_MS,
+           "engine_processes_ran_s": round(sched1[0] - sched0[0], 2),
+           "engine_processes_waited_for_a_core_s": round(sched1[1] - sched0[1], 2),
+           "host_load_avg_1m": round(os.getloadavg()[0], 2)}
     print(f"mooncake {seconds:g} s, 8 GPUs, {label} layout: {row}", flush=True)
     return row
 
