@@ -322,7 +322,7 @@ class RouterServer:
                                 {"Retry-After": "1"})
         ctx = RequestContext(body, session if isinstance(session, str) else None,
                              origin if isinstance(origin, str) else None, residency)
-        self.chooser.prepare(policy, ctx, req, pool)
+        self.chooser.prepare(policy, ctx, req, pool, defer_tail=self.disagg is None)
         ranked = self.chooser.rank(policy, pool, ctx)
         self.metrics.latency.observe(time.perf_counter() - t0)
         self.metrics.decisions.inc_labels(policy.name, policy.reason)

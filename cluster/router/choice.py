@@ -13,6 +13,7 @@ The chooser holds no request state; it is deterministic given its RNG and the vi
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
 
+HEAD_BLOCKS = 2
+"""Blocks of a prompt hashed before ranking it when the rest may wait (``Chooser.prepare``)."""
 WHOLE_REQUEST_ROLES = ("colocated", "decode")
 """Roles that serve a whole request: colocated engines, and decode engines in a P/D cluster."""
 
@@ -68,6 +71,8 @@ class Chooser:
         self.policy = make_policy(spec.policy, rng, spec.policy_params)
         self._policies: dict[str, RoutingPolicy] = {spec.policy: self.policy}
         self._tokenizers: dict[int, Tokenizer] = {}
+        self._pending: list[RequestContext] = []
+        """Contexts ranked from their prompt's head, not completed yet (``prepare``)."""
         self.tier_pricing = tier_pricing
         """Prices prefixes the events place in lower tiers (None: such hits count as misses)."""
 
@@ -95,15 +100,19 @@ class Chooser:
     def needs_prefix(self, policy: RoutingPolicy) -> bool:
         return policy.needs_prefix or self.strategy.needs_prefix
 
-    def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo]) -> None:
-        """Token ids and block hashes as the engines will compute them. A prompt that is not one of the
-        accepted shapes yields no ids here (the engine's 400 will reach the client)."""
-        if ctx.prompt_ids or not workers:
-            return
-        vocab = workers[0].vocab_size
+    def _tokenizer(self, vocab: int) -> Tokenizer:
         tok = self._tokenizers.get(vocab)
         if tok is None:
             tok = self._tokenizers[vocab] = Tokenizer(vocab)
+        return tok
+
+    def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo]) -> None:
+        """Token ids and block hashes as the engines will compute them. A prompt that is not one of the
+        accepted shapes yields no ids here (the engine's 400 will reach the client)."""
+        self.complete(ctx)
+        if ctx.prompt_ids or not workers:
+            return
+        tok = self._tokenizer(workers[0].vocab_size)
         try:
             if req.chat:
                 chat = validate_request(req.body, ChatCompletionRequest)
@@ -123,17 +132,79 @@ class Chooser:
         ctx.block_hashes = [int(h) for h in hash_request_blocks(ctx.prompt_ids, workers[0].block_size)]
 
     def overlap(self, ctx: RequestContext, workers: list[WorkerInfo]) -> dict[WorkerId, int]:
+        return self._overlap_of(ctx.block_hashes, workers)
+
+    def _overlap_of(self, hashes: list[int], workers: list[WorkerInfo]) -> dict[WorkerId, int]:
         names = [w.name for w in workers]
         if self.spec.index_mode == "events":
-            return self.index.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
-        return self.approx.overlap(ctx.block_hashes, names, self.view.now() * 1000.0)
+            return self.index.overlap(hashes, names, self.view.now() * 1000.0)
+        return self.approx.overlap(hashes, names, self.view.now() * 1000.0)
 
     def prepare(self, policy: RoutingPolicy, ctx: RequestContext, req: RoutedRequest,
-                pool: list[WorkerInfo]) -> None:
-        if self.needs_prefix(policy):
-            self.fill_prompt(ctx, req, pool)
-            ctx.overlap = self.overlap(ctx, pool)
-            self.price_tiers(ctx, pool)
+                pool: list[WorkerInfo], *, defer_tail: bool = False) -> None:
+        """The prompt's ids, hashes and overlaps when the policy or the region strategy needs them.
+
+        ``defer_tail`` (the caller will ``complete`` the context once its request is sent): a text prompt
+        whose first ``HEAD_BLOCKS`` blocks no candidate holds, for a policy that ``ranks_on_counts``, is
+        ranked from those blocks' overlaps and the prompt's token count alone; the rest of it is tokenized
+        and hashed, and the attempt's in-flight record made, by ``complete``. A cache miss is the first
+        request of a new prefix, whose words the router has mostly never met: tokenizing them all was ~1-2 ms
+        of its CPU before the send (``bench/router_miss``). Every ``prepare`` first completes the contexts
+        still pending, so each decision sees every earlier request's in-flight record, as without deferral."""
+        self.flush()
+        if not self.needs_prefix(policy):
+            return
+        if defer_tail and self._head_only(policy, ctx, req, pool):
+            return
+        self.fill_prompt(ctx, req, pool)
+        ctx.overlap = self.overlap(ctx, pool)
+        self.price_tiers(ctx, pool)
+
+    def _head_only(self, policy: RoutingPolicy, ctx: RequestContext, req: RoutedRequest,
+                   pool: list[WorkerInfo]) -> bool:
+        """Rank from the prompt's head when that is a miss on every candidate (see ``prepare``)."""
+        if not policy.ranks_on_counts or self.strategy.needs_prefix or req.chat or not pool \
+                or (self.tier_pricing is not None and self.index.tiers):
+            return False
+        p = req.body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+            p = p[0]
+        if not isinstance(p, str):
+            return False
+        bs = pool[0].block_size
+        got = self._tokenizer(pool[0].vocab_size).head_and_count(p, HEAD_BLOCKS * bs)
+        if got is None:
+            return False
+        head, count = got
+        hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
+        if len(hashes) < HEAD_BLOCKS:
+            return False  # a short prompt: nothing to save
+        overlap = self._overlap_of(hashes, pool)
+        if max(overlap.values(), default=0) >= len(hashes):
+            return False  # some worker may hold more: walk the whole prompt
+        ctx.overlap, ctx.text = overlap, p
+        ctx.counted_tokens, ctx.counted_blocks = count, count // bs
+        ctx.tail = functools.partial(self._finish_tail, ctx, req, pool)
+        self._pending.append(ctx)
+        return True
+
+    def _finish_tail(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo]) -> None:
+        ctx.tail = None
+        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.head_and_count, tested)
+        ctx.counted_tokens = ctx.counted_blocks = None
+        if ctx.routed_to is not None:
+            self._record(ctx.routed_to, ctx)
+
+    def complete(self, ctx: RequestContext) -> None:
+        """Tokenize what ``prepare`` deferred and make the in-flight record (nothing when nothing is pending)."""
+        if ctx.tail is not None:
+            self._pending = [c for c in self._pending if c is not ctx]
+            ctx.tail()
+
+    def flush(self) -> None:
+        """Complete every context still pending."""
+        while self._pending:
+            self.complete(self._pending[0])
 
     def price_tiers(self, ctx: RequestContext, pool: list[WorkerInfo]) -> None:
         """Each worker's lower-tier hits past its GPU overlap, and their load cost in prefill blocks."""
@@ -155,18 +226,25 @@ class Chooser:
         return self.strategy.rank(policy, pool, ctx, self.view)
 
     def routed(self, policy: RoutingPolicy, worker: WorkerInfo, ctx: RequestContext) -> None:
-        """The request goes to ``worker``: the policy's state, and the in-flight or approximate index, learn it."""
+        """The request goes to ``worker``: the policy's state, and the in-flight or approximate index, learn it
+        (the index once the prompt is all hashed: ``complete``)."""
         policy.on_routed(worker, ctx)
+        ctx.routed_to = worker.name
+        if ctx.tail is None:
+            self._record(worker.name, ctx)
+
+    def _record(self, worker: WorkerId, ctx: RequestContext) -> None:
         if not ctx.block_hashes:
             return
         if self.spec.index_mode == "approximate":
-            self.approx.record(worker.name, ctx.block_hashes, self.view.now() * 1000.0)
+            self.approx.record(worker, ctx.block_hashes, self.view.now() * 1000.0)
         elif self.inflight is not None:
             self.inflight.drop(ctx.inflight_ticket)
-            ctx.inflight_ticket = self.inflight.record(worker.name, ctx.block_hashes, self.view.now() * 1000.0)
+            ctx.inflight_ticket = self.inflight.record(worker, ctx.block_hashes, self.view.now() * 1000.0)
 
     def failed(self, ctx: RequestContext) -> None:
         """The attempt ``routed`` recorded failed before its worker prefilled anything: forget it."""
+        ctx.routed_to = None
         if self.inflight is not None:
             self.inflight.drop(ctx.inflight_ticket)
             ctx.inflight_ticket = None

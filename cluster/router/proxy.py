@@ -107,9 +107,9 @@ class ColocatedFlow:
     def _note_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
         if ctx.origin_region is not None and worker.region != ctx.origin_region:
             self.metrics.cross_region.inc_labels(ctx.origin_region, worker.region)
-        if ctx.block_hashes:
+        if ctx.num_blocks:
             hit = ctx.overlap.get(worker.name, 0) * worker.block_size
-            self.metrics.predicted_hit_tokens.inc(min(hit, max(0, len(ctx.prompt_ids) - 1)))
+            self.metrics.predicted_hit_tokens.inc(min(hit, max(0, ctx.num_tokens - 1)))
 
     async def _attempt(self, p: Proxied, worker: WorkerInfo, payload: bytes, headers: dict[str, str]) -> Whole | None:
         """One worker's answer relayed to the client; raises _Failed before any byte was sent."""
@@ -127,6 +127,8 @@ class ColocatedFlow:
                     up = await self.upstream.request("POST", worker.url, p.call.path, payload, headers)
                 except UpstreamError as e:
                     raise _Failed(f"{worker.name}: {e}") from None
+                finally:
+                    self.chooser.complete(p.ctx)  # the request is on its way: tokenize what ranking skipped
                 async with up:
                     if up.status in RETRYABLE_STATUS:
                         try:

@@ -181,7 +181,19 @@ class RequestContext:
     """The prompt as routing text (what text-based policies such as SGLang's cache_aware match on)."""
     inflight_ticket: int | None = None
     """The in-flight prefix entry of the current attempt (``prefix_index.InflightPrefixes``)."""
+    counted_tokens: int | None = None
+    """The prompt's length when it was ranked before it was all tokenized (``Chooser.prepare``'s head path):
+    ``num_tokens`` and ``num_blocks`` until ``prompt_ids`` and ``block_hashes`` are filled in."""
+    counted_blocks: int | None = None
+    tail: Callable[[], None] | None = None
+    """Tokenizes the rest of the prompt and makes the in-flight record (``Chooser.complete``); None once done."""
+    routed_to: WorkerId | None = None
+    """The worker of the current attempt, for the in-flight record ``tail`` makes."""
 
     @property
     def num_blocks(self) -> int:
-        return len(self.block_hashes)
+        return len(self.block_hashes) if self.counted_blocks is None else self.counted_blocks
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) if self.counted_tokens is None else self.counted_tokens

@@ -32,6 +32,9 @@ class RoutingPolicy(Protocol):
     name: str
     reason: str
     needs_prefix: bool
+    ranks_on_counts: bool
+    """With ``needs_prefix``: ``rank`` and ``on_routed`` read only ``num_blocks`` and ``overlap`` (never token
+    ids or hashes), so a prompt that misses every cache may be ranked before it is all tokenized."""
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         """Candidates ordered best first (callers pass a non-empty list in name order)."""
@@ -92,6 +95,7 @@ class PolicyBase:
     name = "base"
     reason = "policy"
     needs_prefix = False
+    ranks_on_counts = False
 
     def __init__(self, rng: random.Random, params: Any) -> None:
         self.rng = rng

@@ -79,6 +79,7 @@ class KVAware(PolicyBase):
     name = "kv_aware"
     reason = "kv_cost"
     needs_prefix = True
+    ranks_on_counts = True
 
     def __init__(self, rng: random.Random, params: KVAware.Params) -> None:
         super().__init__(rng, params)

@@ -1,0 +1,134 @@
+"""Ranking a cache miss from its prompt's head, the rest tokenized once the request is sent
+(``Chooser.prepare(defer_tail=True)`` and ``complete``): the same decisions and the same in-flight records as
+tokenizing it all first (no Ray, no sockets)."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from actors.engine.kv_blocks import hash_request_blocks
+from actors.engine.tokenizer import Tokenizer
+from cluster.loadtest.client import ids_to_text
+from cluster.router.choice import Chooser, RoutedRequest
+from cluster.router.exchange import Call
+from cluster.router.policies import RoutingPolicy
+from cluster.router.regions import Topology
+from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerInfo
+from config.cluster import RouterSpec
+from tests.unit.router.conftest import workers
+from tests.unit.router.fakes import Answer, FakeClient, token_events
+
+TOK = Tokenizer(32000)
+WORD = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_categories=("Cc", "Cf", "Zs")),
+               min_size=1, max_size=7)
+
+
+@given(st.booleans(), st.lists(WORD, max_size=60), st.integers(0, 40))
+def test_head_and_count_give_the_head_of_the_ids_and_their_number(lead: bool, words: list[str],
+                                                                  head: int) -> None:
+    text = (" " if lead else "") + " ".join(words)
+    got = TOK.head_and_count(text, head)
+    if text.endswith(" "):  # (" " alone): the regex's cut, not the fast one
+        assert got is None
+        return
+    assert got is not None
+    ids, count = got
+    full = TOK.encode(text)
+    assert count == len(full)
+    assert ids == full[:len(ids)] and (len(ids) >= head or ids == full)
+
+
+def test_head_and_count_leave_other_whitespace_to_the_full_path() -> None:
+    for text in (" a  b", "a\nb", " a b ", "a\tb"):
+        assert TOK.head_and_count(text, 4) is None
+
+
+def chooser(mode: str) -> tuple[Chooser, RoutingPolicy, list[WorkerInfo]]:
+    ws = workers(4)
+    view = ClusterView(ws, RoutingConfig(require_feed=False), lambda: 0.0)
+    c = Chooser(RouterSpec(policy="kv_aware", index_mode=mode), view, Topology(), lambda w, n, cached: n / 100.0,
+                random.Random(0))
+    return c, c.policy, ws
+
+
+def body(prefix: int, rng: random.Random, words: int) -> dict[str, Any]:
+    ids = [(prefix * 7919 + k) % 17576 for k in range(words)] + [rng.randrange(17576) for _ in range(20)]
+    return {"model": "m", "prompt": ids_to_text(ids), "max_tokens": 8, "stream": True}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["events", "approximate"]), st.lists(st.tuples(st.integers(0, 5), st.booleans()),
+                                                              min_size=1, max_size=30), st.integers(0, 2**16))
+def test_deferred_tails_decide_and_record_as_a_prompt_tokenized_first(
+        mode: str, requests: list[tuple[int, bool]], seed: int) -> None:
+    # The same requests through a chooser that defers tails and one that does not; a deferred tail is
+    # completed at once ("sent") or left for the next request's prepare to flush.
+    lazy, lazy_policy, lazy_ws = chooser(mode)
+    eager, eager_policy, eager_ws = chooser(mode)
+    rng_a, rng_b = random.Random(seed), random.Random(seed)
+    deferred = 0
+    for prefix, send_at_once in requests:
+        a, b = body(prefix, rng_a, 40 + 16 * prefix), body(prefix, rng_b, 40 + 16 * prefix)
+        ctx_a, ctx_b = RequestContext(a), RequestContext(b)
+        lazy.prepare(lazy_policy, ctx_a, RoutedRequest.of(a, False), lazy_ws, defer_tail=True)
+        eager.prepare(eager_policy, ctx_b, RoutedRequest.of(b, False), eager_ws)
+        deferred += ctx_a.tail is not None
+        assert ctx_a.num_blocks == ctx_b.num_blocks and ctx_a.overlap == ctx_b.overlap
+        ra, rb = lazy.rank(lazy_policy, lazy_ws, ctx_a), eager.rank(eager_policy, eager_ws, ctx_b)
+        assert [w.name for w in ra] == [w.name for w in rb]
+        lazy.routed(lazy_policy, ra[0], ctx_a)
+        eager.routed(eager_policy, rb[0], ctx_b)
+        if send_at_once:
+            lazy.complete(ctx_a)
+            assert ctx_a.prompt_ids == ctx_b.prompt_ids and ctx_a.block_hashes == ctx_b.block_hashes
+    lazy.flush()
+    assert deferred >= 1  # the first request of a prefix misses everywhere: its tail waited
+    every = [w.name for w in lazy_ws]
+    for prefix in range(6):  # what the index learnt: each prefix's blocks where it was sent
+        probe = TOK.encode(body(prefix, random.Random(0), 40 + 16 * prefix)["prompt"])
+        hashes = [int(h) for h in hash_request_blocks(probe, 16)]
+        index_a = lazy.approx if mode == "approximate" else lazy.index
+        index_b = eager.approx if mode == "approximate" else eager.index
+        assert index_a.overlap(hashes, every, 0.0) == index_b.overlap(hashes, every, 0.0)
+
+
+def test_a_failed_attempt_leaves_no_in_flight_record_when_its_tail_completes() -> None:
+    c, policy, ws = chooser("events")
+    b = body(1, random.Random(0), 64)
+    ctx = RequestContext(b)
+    c.prepare(policy, ctx, RoutedRequest.of(b, False), ws, defer_tail=True)
+    assert ctx.tail is not None and not ctx.prompt_ids
+    c.routed(policy, c.rank(policy, ws, ctx)[0], ctx)
+    c.failed(ctx)  # the connect failed before the request was sent
+    c.complete(ctx)
+    assert ctx.prompt_ids and ctx.inflight_ticket is None
+    assert c.overlap(ctx, ws) == {w.name: 0 for w in ws}
+
+
+async def test_a_routed_miss_is_tokenized_after_its_send_and_draws_its_prefix_to_the_same_worker(
+        make_router: Any, upstream: Any, vclock: Any) -> None:
+    ws = workers(3)
+    r = await make_router(ws, policy="kv_aware")
+    sent_before_tail: list[bool] = []
+    for w in ws:
+        def script(sent: Any, url: str = w.url) -> Answer:
+            # The engine got the request while the router still had the prompt's tail to tokenize.
+            sent_before_tail.append(bool(r.chooser._pending))
+            return Answer(200, token_events([7, 8], usage=5))
+        upstream.engine(w.url, script)
+    served = []
+    for tail in ("one two", "three four"):  # one long prefix, two endings: a miss, then a hit
+        b = body(3, random.Random(0), 200)
+        b["prompt"] += " " + tail
+        out = FakeClient()
+        await vclock.run(r.completions(Call("/v1/completions", CIMultiDict(), json.dumps(b).encode()), out))
+        served.append(out.headers["X-Served-By"])
+        assert not r.chooser._pending
+    assert sent_before_tail == [True, False]  # the hit walked its whole prompt before it was sent
+    assert served[0] == served[1]
