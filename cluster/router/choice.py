@@ -5,10 +5,13 @@
 - ``prepare``: when the policy or the region strategy ``needs_prefix``, the prompt's token ids and KV block
   hashes, computed as the engines will (same tokenizer, same hashing), and each candidate's prefix overlap
   from the prefix index (the engines' KV events, plus what the router sent where and the events have not
-  confirmed yet: ``InflightPrefixes``) or the approximate index (what the router sent where);
+  confirmed yet: ``InflightPrefixes``) or the approximate index (what the router sent where); a prompt
+  that misses every cache may be ranked from its head and token count, its tail tokenized once it is sent
+  (``defer_tail``, ``complete``);
 - ``rank``: the region strategy orders the pool, the policy choosing within it.
 
-The chooser holds no request state; it is deterministic given its RNG and the view.
+The chooser holds no request state but the contexts whose tail is pending (each ``prepare`` completes them
+first); it is deterministic given its RNG and the view.
 """
 
 from __future__ import annotations
