@@ -150,18 +150,24 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
 
 
+def _gemm_times(gpu_dir: Path, min_nk: int = 0) -> dict[str, dict[tuple[int, int, int], float]]:
+    """The GEMM table's times by dtype and (m, n, k), shapes with n and k >= ``min_nk``; empty without one."""
+    t = _table(_latest(gpu_dir / "gemm" / "vllm"), "gemm_perf.parquet")
+    times: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
+    if t is not None:
+        for dt, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"], strict=True):
+            if n >= min_nk and k >= min_nk:
+                times[str(dt)][(int(m), int(n), int(k))] = float(lat)
+    return times
+
+
 def _gemm_fp8_bf16_bound(root: Path, hw: HardwareProfile) -> OpSamples | None:
     """fp8 GEMM samples of a GPU in ``FP8_GEMM_BF16_BOUND``: per shape measured in both dtypes, the faster of
     its fp8 and bf16 times (each at its own dtype's bytes and peak in the cost model; here fp8's)."""
     ver = _latest(root / "gemm" / "vllm")
-    t = _table(ver, "gemm_perf.parquet")
-    if t is None:
-        return None
-    by_dtype: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
-    for dt, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"], strict=True):
-        by_dtype[str(dt)][(int(m), int(n), int(k))] = float(lat)
-    b16 = by_dtype.get("bfloat16", {})
-    rows = [(*key, min(lat, b16[key])) for key, lat in by_dtype.get("fp8", {}).items() if key in b16]
+    times = _gemm_times(root)
+    b16 = times.get("bfloat16", {})
+    rows = [(*key, min(lat, b16[key])) for key, lat in times.get("fp8", {}).items() if key in b16]
     if not rows:
         return None
     a = np.array(rows, dtype=float)
@@ -285,13 +291,7 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
     table runs its fp8 GEMMs no faster (0.83x at m >= 1024): its ``gemm_fp8`` is fitted with each shape
     bounded by the bf16 time (``FP8_GEMM_BF16_BOUND``).
     """
-    t = _table(_latest(gpu_dir / "gemm" / "vllm"), "gemm_perf.parquet")
-    if t is None:
-        return {}
-    times: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
-    for dt, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"], strict=True):
-        if n >= 1024 and k >= 1024:
-            times[str(dt)][(int(m), int(n), int(k))] = float(lat)
+    times = _gemm_times(gpu_dir, min_nk=1024)
     b16, fp8 = times.get("bfloat16", {}), times.get("fp8", {})
     out = {}
     for name, (lo, hi) in FP8_SPEEDUP_RANGES.items():
