@@ -38,7 +38,7 @@ class Inbox:
         if table is None:
             table = self._entries[request_id] = {}
         held = self._leases.get(request_id)
-        if held is None and all(lease is None for lease in leases):  # nothing to release now or on replacement
+        if held is None and (not leases or all(lease is None for lease in leases)):  # nothing to release, now or later
             table.update({(b.block_id, b.layers): b for b in blocks})
         else:
             if held is None:
