@@ -96,7 +96,8 @@ def attach_store(engine: Engine, tier: StoreTier) -> WriteThrough:
         chain.append(tier)
     counters = engine.tiers.counters
     engine.cost = with_store_path(engine.cost, engine.cfg.tiers.connector_overhead, "kernel-sync", chain.host_link,
-                                  LookupPrice(STORE_LOOKUP_MS, lambda: counters.lookups))
+                                  LookupPrice(STORE_LOOKUP_MS, lambda: counters.lookups,
+                                              overlapped=engine.cfg.limits.async_scheduling))
     writer = WriteThrough(engine, tier, chain)
     engine.kv_subscribers.append(writer)
     tier.start()

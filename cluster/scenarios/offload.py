@@ -311,7 +311,9 @@ def overhead_finding(lp: dict[str, Any], details: dict[str, Any]) -> Finding:
         CLAIM_OVERHEAD, figure, verdict,
         "the store path costs the step its new KV over the host link (LMCache) or against HBM (vLLM DMA), so the "
         "overhead is a share of prefill work: near the card's range where prefill dominates GPU time (short "
-        "outputs, long prompts), below it where decode dominates; lookups on the scheduler path are not priced",
+        "outputs, long prompts), below it where decode dominates; LMCACHE also pays each new request's store "
+        "lookup on the scheduler path (1.5 ms, LMCache PR #936), the part async scheduling does not hide behind "
+        "the previous step",
         value=max(lm) if lm else None)
 
 

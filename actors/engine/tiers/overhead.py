@@ -24,7 +24,10 @@ gpustack's LMCache evaluation (Qwen3-8B, RTX 4090, vLLM 0.10.1.1) measured -3% t
 The scheduler-side lookup of a shared store (``LookupPrice``): LMCache's ``get_num_new_matched_tokens`` asks
 the store which of a new request's chunks it holds with a blocking call inside vLLM's ``schedule()``, so the
 step that admits the request waits for it. Priced at ``STORE_LOOKUP_MS`` per request, once (LMCache caches
-the answer for the scheduler's retries), on the step that first admits it. Source: LMCache PR #936
+the answer for the scheduler's retries), on the step that first admits it. With async scheduling (vLLM
+0.19's default, ``SchedulerLimits.async_scheduling``) that step was planned while the previous one ran, so
+only the part of its lookups longer than the previous step shows (an engine waking from idle is treated the
+same: an optimistic bound for its first step). Source: LMCache PR #936
 (2025-07, "optimize get_num_new_matched_tokens latency in vLLM scheduler": one ``batchexist`` RPC to the
 Mooncake master, "stabilizing overall latency to around 1-2ms"; LMCache issue #891 measured 2.6-655 ms with
 the earlier lookup server). A lookup in the engine's own CPU tier is an in-memory dict probe (vLLM's
@@ -75,10 +78,12 @@ STORE_LOOKUP_MS = 1.5
 @dataclass(frozen=True)
 class LookupPrice:
     """The scheduler-path lookups to price: ``ms`` each, ``count()`` the lookups made so far (a counter that
-    only grows, e.g. ``TierCounters.lookups``)."""
+    only grows, e.g. ``TierCounters.lookups``); ``overlapped``: async scheduling hides them behind the
+    previous step."""
 
     ms: float
     count: Callable[[], int]
+    overlapped: bool = False
 
 
 CONNECTOR_OVERHEADS = ("auto", "off", *STORE_PATHS)
@@ -114,6 +119,7 @@ class ConnectorCostModel:
         self.connector_ms = 0.0
         self.lookup_ms = 0.0
         self.stored_bytes = 0.0
+        self._prev_step_ms = 0.0
 
     def added_ms(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + (shape.decode_seqs if self.path.stores_decode else 0)
@@ -127,13 +133,15 @@ class ConnectorCostModel:
         seen = self.lookup.count()
         fresh = seen - self._lookups_charged
         self._lookups_charged = seen
-        return max(0, fresh) * self.lookup.ms
+        total = max(0, fresh) * self.lookup.ms
+        return max(0.0, total - self._prev_step_ms) if self.lookup.overlapped else total
 
     def step(self, shape: StepShape) -> StepTime:
         t = self.inner.step(shape)
         store = self.added_ms(shape)
         lookups = self._new_lookups_ms()
         extra = store + lookups
+        self._prev_step_ms = t.total_ms + extra
         if extra <= 0.0:
             return t
         if store > 0.0:

@@ -89,3 +89,19 @@ def test_each_store_lookup_is_charged_once_on_the_next_step() -> None:
     lm = with_store_path(bare, "auto", "kernel-sync", LINK, LookupPrice(STORE_LOOKUP_MS, lambda: made[0]))
     assert isinstance(lm, ConnectorCostModel) and lm.lookup is not None
     assert with_store_path(lm, "off", "kernel-sync", LINK) is bare  # off prices nothing, lookups included
+
+
+def test_async_scheduling_hides_lookups_behind_the_previous_step() -> None:
+    bare = roofline()
+    made = [0]
+    cm = ConnectorCostModel(bare, "kernel-sync", LINK, 3350.0,
+                            LookupPrice(STORE_LOOKUP_MS, lambda: made[0], overlapped=True))
+    decode = StepShape.of(decodes=[2000] * 8)
+    prev = cm.step(decode).total_ms
+    assert prev > STORE_LOOKUP_MS  # one lookup hides behind a step longer than it
+    made[0] += 1
+    assert cm.step(decode) == bare.step(decode)
+    many = int(prev // STORE_LOOKUP_MS) + 3  # a burst of admissions: only the part past the step shows
+    made[0] += many
+    got = cm.step(decode)
+    assert got.total_ms - bare.step(decode).total_ms == pytest.approx(many * STORE_LOOKUP_MS - prev)
