@@ -9,7 +9,8 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
 
 - GEMMs (``gemm``/``gemm_fp8``): QKV ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up
   ``[T, 2 inter/tp, hidden]``, down ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
-  bytes = weights + activations in and out. The LM head is a 16-bit GEMM whatever the model's GEMM dtype:
+  bytes = weights + activations in and out; on a GPU whose fp8 table lost to bf16 (``gemm_fp8_bf16_bound``)
+  an fp8 GEMM takes the faster of the two fits. The LM head is a 16-bit GEMM whatever the model's GEMM dtype:
   vLLM's ``Fp8Config`` quantizes ``LinearBase`` and ``FusedMoE`` layers, and ``ParallelLMHead`` is neither
   (fp8 checkpoints list ``lm_head`` in their ``ignore``).
 - Small kernels (``layer_kernels_ms``): the memory-bound kernels between the GEMMs that no op table times:
@@ -234,6 +235,8 @@ class RooflineCostModel:
         self.capture = capture_sizes(max_num_seqs, max_num_batched_tokens) if cudagraphs else ()
         fp8 = model.gemm_dtype in ("fp8", "fp4", "int4")
         self._gemm: OpFit = eff.gemm_fp8 if fp8 else eff.gemm
+        self._bf16_bound = fp8 and eff.gemm_fp8_bf16_bound
+        """An fp8 GEMM takes the faster of the fp8 and the 16-bit fit (``Efficiency.gemm_fp8_bf16_bound``)."""
         self._moe: OpFit = eff.moe_fp8 if fp8 else eff.moe
         self._decode_attn: OpFit = eff.decode_attention(model.kv_dtype)
         self._wb = dtype_bytes(model.weight_dtype)
@@ -260,7 +263,11 @@ class RooflineCostModel:
 
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
-        return self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n)
+        t = self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n)
+        if self._bf16_bound:
+            t = min(t, self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
+                                        self._hbm, n))
+        return t
 
     def allreduce_ms(self, tokens: int) -> float:
         """All of a step's all-reduces (2 per layer) of ``tokens`` rows of activations over the TP group."""

@@ -139,6 +139,10 @@ class Efficiency(Frozen):
     layer_overhead_us: NonNegativeFloat = 32.1
     """Per layer of a step that is not one full CUDA graph (piecewise or eager: attention and its metadata
     run outside the graphs), BLIS: 32.1 us per layer."""
+    gemm_fp8_bf16_bound: bool = False
+    """The GPU's fp8 GEMM table measured a kernel that loses to its bf16 GEMM on some shapes (B200's, vLLM
+    0.19: ``actors.calibration.FP8_GEMM_BF16_BOUND``): an fp8 GEMM then takes the faster of the ``gemm_fp8``
+    fit and the ``gemm`` fit at 16-bit bytes and rate, as a deployment does not serve fp8 where it loses."""
     fitted_on: str = "defaults"
     """Where these values come from."""
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(sp)
     for name, v in speedups.items():
         if v and min(v.values()) < 1.0:
-            bound = ("its fp8 fit takes min(fp8, bf16) per shape (FP8_GEMM_BF16_BOUND)" if name in FP8_GEMM_BF16_BOUND
+            bound = ("the cost model takes min(fp8, bf16) per GEMM (FP8_GEMM_BF16_BOUND)" if name in FP8_GEMM_BF16_BOUND
                      else "the fp8 fit follows a kernel slower than a tuned one")
             out.print(f"{name}: its fp8 GEMM table is no faster than its bf16 one somewhere ({v}): {bound}")
     report = []
