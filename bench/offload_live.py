@@ -1,9 +1,13 @@
 """The offload comparison live: the first seconds of the Mooncake conversation trace through a launched cluster
-(Ray actors, router, HTTP, TCP transport, real tier and store bytes), NATIVE_ONLY against LMCACHE.
+(Ray actors, router, HTTP, TCP transport, real tier and store bytes), NATIVE_ONLY against LMCACHE (and
+CPU_OFFLOAD when named in ``--configs``).
 
-Clusters: the presets ``config/presets/scenario-offload-native-only.yaml`` and ``scenario-offload-lmcache.yaml``
-(4 x H100, Llama-3.1-8B, kv_aware; LMCACHE adds a CPU tier per engine and the region's shared store), run at
-``--time-scale`` (wall seconds per emulated second; slow enough that step lag stays under the trust threshold).
+Clusters: the presets ``config/presets/scenario-offload-native-only.yaml``, ``scenario-offload-cpu.yaml`` and
+``scenario-offload-lmcache.yaml`` (4 x H100, Llama-3.1-8B, kv_aware; CPU_OFFLOAD adds a CPU tier per engine,
+LMCACHE the CPU tier and the region's shared store), run at ``--time-scale`` (wall seconds per emulated second;
+slow enough that step lag stays under the trust threshold: 3 held on a 2-core host, 2.5 did not always).
+Each configuration is launched, run and shut down alone, so a run of N trace seconds takes about N x scale
+wall seconds plus a minute per configuration (600 s at scale 3: ~31 min each).
 
 Reported per configuration: the prefix hit ratio the engines counted (GPU prefix-cache hits plus external hits:
 CPU tier and store, over prompt tokens queried, from the engines' vLLM counters before and after), TTFT p50/p99
@@ -24,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import emit, parser
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = {"NATIVE_ONLY": "scenario-offload-native-only.yaml", "LMCACHE": "scenario-offload-lmcache.yaml"}
+PRESETS = {"NATIVE_ONLY": "scenario-offload-native-only.yaml", "CPU_OFFLOAD": "scenario-offload-cpu.yaml",
+           "LMCACHE": "scenario-offload-lmcache.yaml"}
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
 
 
@@ -68,8 +73,9 @@ def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=600.0, help="trace seconds to replay (default 600)")
     p.add_argument("--start", type=float, default=0.0, help="skip this many trace seconds")
-    p.add_argument("--time-scale", type=float, default=2.5, help="wall seconds per emulated second")
-    p.add_argument("--configs", default="NATIVE_ONLY,LMCACHE", help="comma-separated subset of NATIVE_ONLY,LMCACHE")
+    p.add_argument("--time-scale", type=float, default=3.0, help="wall seconds per emulated second")
+    p.add_argument("--configs", default="NATIVE_ONLY,LMCACHE",
+                   help=f"comma-separated subset of {','.join(PRESETS)}")
     args = p.parse_args()
     if not TRACE.exists():
         emit({"skipped": f"{TRACE} is absent (the shared data folder is not next to the checkout)"})
