@@ -2,34 +2,27 @@
 
 Each vLLM row of the table is one measured benchmark: a model on ``tp_size`` GPUs of one system, a
 closed loop of ``batch_size`` clients sending prompts of exactly ``isl`` tokens for exactly ``osl``
-output tokens, with the mean TTFT and TPOT that the client measured. How those runs were made, as read
-from aiconfigurator's generator (github.com/ai-dynamo/aiconfigurator at 095f58a5,
-``src/aiconfigurator/generator/config/backend_templates/benchmark/bench_run.sh.j2`` and
-``rule_plugin/benchmark/vllm.rule``):
-
-- client: ``aiperf profile --concurrency C --num-requests 20 C --warmup-request-count 2 C --isl/--osl
-  with stddev 0 --extra-inputs ignore_eos:true --streaming``: exact lengths, every output runs to
-  ``osl``; aiperf waits for every warm-up response before profiling starts (its warm-up tutorial), so
-  the measured phase opens with all C clients sending at once;
-- server: ``max-num-seqs`` = the batch size, ``max-num-batched-tokens`` = batch size + isl + 1500,
-  CUDA-graph capture sizes 1..batch size (so a decode batch is never padded).
+output tokens, with the mean TTFT and TPOT that the client measured. The client side (how many requests,
+the warm-up, prompts repeating from aiperf's dataset, prefix caching) is the row's harness's
+``cluster.benchmark_protocol.BenchmarkProtocol``; the server side, as read from aiconfigurator's generator
+(github.com/ai-dynamo/aiconfigurator at 095f58a5, ``rule_plugin/benchmark/vllm.rule``): ``max-num-seqs`` =
+the batch size, ``max-num-batched-tokens`` = batch size + isl + 1500, CUDA-graph capture sizes 1..batch
+size (so a decode batch is never padded).
 
 What this module assumes beyond that (the table does not say): the deployment's other settings are
-vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16); the synthetic prompts share no prefix
-(prefix caching off); no ramp-up; after the opening burst the loop reaches a steady state; a client
-sends its next request the instant its previous one ended (no client-side gap). aiperf's 20 rounds of
-C requests are simulated until the loop reaches its steady state (``SteadyState``: two consecutive
-complete rounds after the burst whose mean TTFT and TPOT agree within 1%), at most ``rounds`` (20);
-rounds not simulated take the last complete round's means. The transient after the burst lasts several
-rounds (70B fp8 on 4 H200s, C 8, 8192/1024: round means 1630, 723, 619, 619 ... ms), so a fixed two or
-three rounds extrapolated overstated TTFT by up to 15% on such rows and misjudged TPOT where the
-prefill train drifts for many rounds (8B fp8, C 32, 4000/100: TTFT still falling at round 16).
+vLLM's defaults (``gpu_memory_utilization`` 0.9, block size 16, async scheduling); no ramp-up; a client
+sends its next request the instant its previous one ended (no client-side gap). Where the protocol has no
+drawn prompts, aiperf's rounds of C requests are simulated until the loop reaches its steady state
+(``SteadyState``: two consecutive complete rounds after the burst whose mean TTFT and TPOT agree within
+1%); rounds not simulated take the last complete round's means. The transient after the burst lasts
+several rounds (70B fp8 on 4 H200s, C 8, 8192/1024: round means 1630, 723, 619, 619 ... ms). With drawn
+prompts every round is simulated (the cache's hits change from round to round), once per seed.
 
 Not every row was made this way. The Llama-3.1-70B rows (``silicon_data_source`` ``source_file=<date>.csv``,
-no vLLM version given) are aiconfigurator's own benchmark runs as above. The Llama-3.1-8B-Instruct-FP8,
-Qwen3-32B and Qwen3-235B-A22B-FP8 rows are vLLM 0.12.0 runs from another harness
+no vLLM version given, measured 2025-10-29) are aiconfigurator's own benchmark runs as above. The
+Llama-3.1-8B-Instruct-FP8, Qwen3-32B and Qwen3-235B-A22B-FP8 rows are vLLM 0.12.0 runs from another harness
 (``aic-auto-gap-analysis``) whose client and server settings the table does not give; they are replayed
-with the same protocol, but their figures can contradict it: ``implied_tensor_share`` is the least share of
+with the same server settings, but their figures can contradict them: ``implied_tensor_share`` is the least share of
 the GPUs' dense tensor peak a closed loop at a row's measured TTFT and TPOT needs, and the 8B-FP8 H200 rows
 need a median 49% and up to 101% (2000/100 tokens, C 64, TP 1) of H200's fp8 peak, sustained, decode
 steps included, which no H200 does; the 70B rows need at most 22-33%. Rows above ``IMPLAUSIBLE_SHARE`` are
@@ -67,7 +60,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from actors.cost_model import CostModel, RooflineCostModel
 from actors.engine.factory import build_engine
-from actors.engine.virtual import ClosedLoop, RequestRecord, RunResult, VirtualDriver
+from actors.engine.virtual import RunResult, VirtualDriver
+from cluster.benchmark_protocol import PROTOCOLS, SteadyState, aiperf_mean
 from config.catalog import Catalog
 from config.cluster import ClusterSpec, EngineGroupSpec
 from config.errors import ConfigError
@@ -77,24 +71,9 @@ from config.model import ModelProfile
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / "silicon_sample.csv"
 
-AIPERF_ROUNDS = 20
-"""aiperf's ``--num-requests`` is 20 x the concurrency in aiconfigurator's benchmark script."""
-DEFAULT_ROUNDS = AIPERF_ROUNDS
-QUICK_ROUNDS = AIPERF_ROUNDS
-"""``--quick`` samples rows, not rounds: capped at 8 rounds, the 8B-FP8 H200 rows had not reached their
-steady state (median TPOT error +72% at 8 rounds, +123% at 20) nor had Qwen3-32B's (32% against 16%)."""
-BURST_GAP_MS = 1.0
-"""Spacing of the opening burst's arrivals at the engine. aiperf's C clients send at once, but vLLM's API
-server parses, tokenizes and forwards them one after another, so an idle engine core starts its first step
-with the first request alone. With exact lengths that first step decides which requests stay in lockstep
-for the whole run (all arriving at one instant, 1024-token prompts with a 2528-token budget are prefilled
-in pairs forever: 70B fp8 H200 TP1 C4 TTFT 360 ms against 203 measured; spaced, 266 ms). Any gap from
-0.2 to 5 ms gives the same figures within 1 ms on the 70B rows: the order matters, not the value."""
 IMPLAUSIBLE_SHARE = 0.7
 """A row whose closed loop would need more than this share of the GPUs' dense tensor peak, sustained over
 the whole run (``implied_tensor_share``), cannot have been measured as this module assumes (module doc)."""
-STEADY_TOLERANCE = 0.01
-"""Two consecutive rounds whose mean TTFT and TPOT differ by less than this are the steady state."""
 QUICK_PER_GROUP = 5
 PRIMARY_HARNESS = "aiconfigurator"
 """Rows made by aiconfigurator's own benchmark (the protocol above): the groups the bounds are judged on."""
@@ -259,7 +238,7 @@ def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp
                    "engines": [{"name": "engine", "model": model, "tp": tp, **_ep(row), "scheduler": {
                        "max_num_seqs": concurrency,
                        "max_num_batched_tokens": concurrency + row.isl + BATCHED_TOKENS_SLACK,
-                       "enable_prefix_caching": False,
+                       "enable_prefix_caching": PROTOCOLS[row.harness].prefix_caching,
                    }}]}],
     }
     return ClusterSpec.model_validate(data, context={"catalog": catalog})
@@ -361,51 +340,6 @@ class CaseResult:
         return self.tpot_ms / self.case.row.silicon_tpot_ms - 1.0
 
 
-def aiperf_mean(values: list[float], concurrency: int, rounds: int = AIPERF_ROUNDS) -> float:
-    """Mean over aiperf's ``rounds`` x C requests from the simulated complete rounds (module docstring).
-
-    ``values`` are per request in send order: round k is ``values[k C : (k + 1) C]``, round 0 the burst.
-    A trailing incomplete round is ignored; rounds not simulated take the last complete round's mean.
-    """
-    complete = max(1, len(values) // concurrency)
-    means = [statistics.fmean(values[k * concurrency:(k + 1) * concurrency]) for k in range(complete)][:rounds]
-    return (sum(means) + (rounds - len(means)) * means[-1]) / rounds
-
-
-class SteadyState:
-    """``VirtualDriver.run``'s ``enough``: True once two consecutive complete rounds after the burst have
-    mean TTFT and TPOT within ``tolerance`` of each other.
-
-    Incremental: each call reads only the records finished since the last one (the driver appends them
-    in finish order), so a run of n requests costs O(n) here.
-    """
-
-    def __init__(self, concurrency: int, tolerance: float = STEADY_TOLERANCE) -> None:
-        self.concurrency = concurrency
-        self.tolerance = tolerance
-        self._seen = 0
-        self._count: dict[int, int] = defaultdict(int)
-        self._sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        self._complete: list[tuple[float, float]] = []
-        """(mean TTFT, mean TPOT) of rounds 0, 1, ... while each is complete, in order."""
-
-    def __call__(self, records: list[RequestRecord]) -> bool:
-        for r in records[self._seen:]:
-            k = r.index // self.concurrency
-            self._count[k] += 1
-            sums = self._sums[k]
-            sums[0] += r.ttft_ms
-            sums[1] += r.tpot_ms
-        self._seen = len(records)
-        while self._count.get(len(self._complete), 0) == self.concurrency:
-            ttft, tpot = self._sums[len(self._complete)]
-            self._complete.append((ttft / self.concurrency, tpot / self.concurrency))
-        if len(self._complete) < 3:  # the burst and two rounds after it
-            return False
-        (t0, p0), (t1, p1) = self._complete[-2], self._complete[-1]
-        return abs(t1 - t0) <= self.tolerance * t0 and abs(p1 - p0) <= self.tolerance * max(p0, 1e-9)
-
-
 def with_benchmark_graphs(cost: CostModel, concurrency: int) -> CostModel:
     """The benchmark server's CUDA graphs: ``cudagraph_capture_sizes`` 1..C (module docstring), so a decode
     batch is never padded and any step above C tokens runs eagerly. Only a roofline model has graphs."""
@@ -414,21 +348,34 @@ def with_benchmark_graphs(cost: CostModel, concurrency: int) -> CostModel:
     return cost
 
 
-def run_case(case: Case, rounds: int = DEFAULT_ROUNDS, catalog: Catalog | None = None) -> CaseResult:
+def run_case(case: Case, rounds: int | None = None, catalog: Catalog | None = None) -> CaseResult:
+    """Replay ``case`` under its harness's protocol, once per seed; the figures are the mean over seeds."""
+    protocol = PROTOCOLS[case.row.harness]
+    n_rounds = rounds or protocol.rounds
     inst = case.spec.engines(catalog)[0]
-    cfg, cost = build_engine(inst)
-    cost = with_benchmark_graphs(cost, case.concurrency)
     row = case.row
+    ttft: list[float] = []
+    tpot: list[float] = []
+    queue: list[float] = []
+    steps = preemptions = 0
+    num_blocks = 0
+    name = ""
     t0 = time.perf_counter()
-    result: RunResult = VirtualDriver(cfg, cost).run(
-        ClosedLoop(case.concurrency, rounds * case.concurrency, row.isl, row.osl, BURST_GAP_MS),
-        SteadyState(case.concurrency))
-    wall = time.perf_counter() - t0
-    recs = result.records
-    return CaseResult(case, aiperf_mean([r.ttft_ms for r in recs], case.concurrency),
-                      aiperf_mean([r.tpot_ms for r in recs], case.concurrency),
-                      aiperf_mean([r.queue_ms for r in recs], case.concurrency), result.steps,
-                      result.preemptions, cfg.num_blocks, cost.name, wall)
+    for seed in protocol.seeds:
+        cfg, cost = build_engine(inst)
+        cost = with_benchmark_graphs(cost, case.concurrency)
+        num_blocks, name = cfg.num_blocks, cost.name
+        load = protocol.load(case.concurrency, row.isl, row.osl, seed, n_rounds)
+        enough = SteadyState(case.concurrency) if protocol.steady_state else None
+        result: RunResult = VirtualDriver(cfg, cost).run(load, enough)
+        recs = result.records
+        ttft.append(aiperf_mean([r.ttft_ms for r in recs], case.concurrency, n_rounds))
+        tpot.append(aiperf_mean([r.tpot_ms for r in recs], case.concurrency, n_rounds))
+        queue.append(aiperf_mean([r.queue_ms for r in recs], case.concurrency, n_rounds))
+        steps += result.steps
+        preemptions += result.preemptions
+    return CaseResult(case, statistics.fmean(ttft), statistics.fmean(tpot), statistics.fmean(queue), steps,
+                      preemptions, num_blocks, name, time.perf_counter() - t0)
 
 
 def _p(values: list[float], q: float) -> float:
@@ -507,7 +454,7 @@ def _init_worker(catalog: Catalog) -> None:
     _WORKER_CATALOG = catalog
 
 
-def _run_in_worker(index: int, case: Case, rounds: int) -> tuple[int, CaseResult]:
+def _run_in_worker(index: int, case: Case, rounds: int | None) -> tuple[int, CaseResult]:
     return index, run_case(case, rounds, _WORKER_CATALOG)
 
 
@@ -538,7 +485,7 @@ def validate(path: Path, catalog: Catalog, *, quick: bool = False, rounds: int |
     cases, skips = resolve(rows, catalog)
     if quick:
         cases = sample(cases, per_group)
-    n_rounds = rounds or (QUICK_ROUNDS if quick else DEFAULT_ROUNDS)
+    n_rounds = rounds
     out = Validation(skipped=skips)
     if jobs <= 1 or len(cases) <= 1:
         for case in cases:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import NewType, overload
 
 from actors.engine.kv_blocks import BlockHash, hash_request_blocks
 
@@ -26,6 +27,36 @@ class FinishReason(enum.Enum):
     ABORT = "abort"
     MIGRATED = "migrated"
     """The request goes on on another engine (live migration): this engine's stream of it ends here."""
+
+
+class _Joined(SequenceABC[int]):
+    """``head + tail`` read in place: hashing the block a decode just filled must not copy the whole context
+    (a 9k-token sequence's decode stretch spent 40% of its time in that copy)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self.head = head
+        self.tail = tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        n = len(self.head)
+        if isinstance(i, int):
+            i = i + len(self) if i < 0 else i
+            return self.head[i] if i < n else self.tail[i - n]
+        start, stop, stride = i.indices(len(self))
+        if stride != 1:
+            return [self[k] for k in range(start, stop, stride)]
+        return self.head[start:min(stop, n)] + self.tail[max(0, start - n):max(0, stop - n)]
 
 
 @dataclass(eq=False)
@@ -90,7 +121,7 @@ class Sequence:
             n = min(n, upto)
         if len(self.block_hashes) < n:
             end = n * block_size
-            tokens = self.prompt_ids if end <= len(self.prompt_ids) else self.all_token_ids()
+            tokens = self.prompt_ids if end <= len(self.prompt_ids) else _Joined(self.prompt_ids, self.output_ids)
             self.block_hashes = hash_request_blocks(tokens, block_size, self.extra_keys, start=self.block_hashes,
                                                     limit=n)
         return self.block_hashes

@@ -11,7 +11,13 @@ only waiting is skipped, so a run takes as long as its Python bookkeeping (no la
 ``ClosedLoop`` is a client population as benchmark tools run it (aiperf ``--concurrency``, vLLM's
 ``bench serve --max-concurrency``): ``concurrency`` clients each send a request, wait for its last
 token, and send the next at once, until ``num_requests`` were sent. Prompts are distinct (their first
-token is the request index), so no prefix is shared by accident.
+token is the prompt's index), so no prefix is shared by accident, unless the load draws them from a pool:
+``prompt_pool`` distinct prompts, one drawn per request in send order with ``random.Random(pool_seed)
+.choice``, as aiperf's dataset manager draws from its synthetic dataset (``--num-dataset-entries``, 100 by
+default; ``--random-seed``), so a prompt drawn again hits the prefix cache if its blocks were not evicted.
+``warmup_requests`` go first, through the same clients and the same draws; the measured requests start
+only when every warm-up request has finished (aiperf runs its warm-up phase to completion first), all
+``concurrency`` clients at once. Warm-up requests are not in the run's records.
 
 Decode stretches (``VirtualDriver(fast_forward=True)``, the default): between two events (an arrival, a
 prefill chunk, a finish, a preemption) a closed loop runs many steps that are pure decode of the same
@@ -32,6 +38,8 @@ refuses at submission raises the engine's ``EngineError``.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,15 +125,31 @@ class ClosedLoop:
     burst_gap_ms: float = 0.0
     """The opening burst's client k arrives at ``k x burst_gap_ms`` (a server hands simultaneous requests
     to its engine one after another); later requests go out when their client's previous one ended."""
+    warmup_requests: int = 0
+    """Requests run before the measured ones, not recorded (module docstring)."""
+    prompt_pool: int = 0
+    """Distinct prompts the requests draw from (module docstring); 0: every request its own prompt."""
+    pool_seed: int = 0
+    """Seed of the draws from ``prompt_pool``."""
 
     def __post_init__(self) -> None:
         if min(self.concurrency, self.num_requests, self.input_len, self.output_len) < 1:
             raise ValueError("concurrency, num_requests, input_len and output_len must be at least 1")
-        if self.burst_gap_ms < 0:
-            raise ValueError("burst_gap_ms must not be negative")
+        if min(self.burst_gap_ms, self.warmup_requests, self.prompt_pool) < 0:
+            raise ValueError("burst_gap_ms, warmup_requests and prompt_pool must not be negative")
+
+    def prompt_indices(self) -> Callable[[], int]:
+        """The prompt index of each request in send order (warm-up first): a fresh draw per call."""
+        if self.prompt_pool == 0:
+            counter = itertools.count()
+            return lambda: next(counter)
+        rng = random.Random(self.pool_seed)
+        pool = range(self.prompt_pool)
+        return lambda: rng.choice(pool)
 
     def prompt(self, index: int, vocab_size: int) -> list[int]:
-        """A distinct prompt per request: token ids from ``index`` upwards, wrapped into the vocabulary."""
+        """The prompt of index ``index`` (one per request, or per pool entry): token ids from ``index``
+        upwards, wrapped into the vocabulary, so two indices share no block."""
         span = max(2, vocab_size - 1)
         return [1 + (index + i) % span for i in range(self.input_len)]
 
@@ -161,6 +185,7 @@ class VirtualDriver:
         self._first_scheduled: dict[RequestId, float] = {}
         self._load: ClosedLoop | None = None
         self._sent = 0
+        self._draw: Callable[[], int] | None = None
         self._enough: Callable[[list[RequestRecord]], bool] | None = None
 
     # -- EngineObserver ----------------------------------------------------------------------------
@@ -180,20 +205,35 @@ class VirtualDriver:
         first_scheduled = self._first_scheduled.pop(seq.request_id, seq.arrival_ms)
         if seq.first_token_ms is None or seq.last_token_ms is None:
             raise VirtualRunStuck(f"request {index} finished without a token ({seq.finish_reason})")
-        self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, seq.first_token_ms,
-                                           seq.last_token_ms, len(seq.output_ids), seq.num_preemptions))
-        self._send(seq.last_token_ms)
+        if index >= 0:
+            self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, seq.first_token_ms,
+                                               seq.last_token_ms, len(seq.output_ids), seq.num_preemptions))
+        self._next(seq.last_token_ms)
 
     # -- running -----------------------------------------------------------------------------------
+    def _next(self, at_ms: float) -> None:
+        """A client is free at ``at_ms``: send the next request of its phase, or open the measured phase
+        once the warm-up's last request finished (all clients at once)."""
+        load = self._load
+        if load is None:
+            return
+        if self._sent < load.warmup_requests:
+            self._send(at_ms)
+        elif self._sent == load.warmup_requests:
+            if not self._streams:  # the warm-up phase is complete
+                for k in range(min(load.concurrency, load.num_requests)):
+                    self._send(at_ms + k * load.burst_gap_ms)
+        elif self._enough is None or not self._enough(self._records):
+            self._send(at_ms)
+
     def _send(self, at_ms: float) -> None:
         load = self._load
-        if load is None or self._sent >= load.num_requests:
+        assert load is not None and self._draw is not None
+        if self._sent >= load.warmup_requests + load.num_requests:
             return
-        if self._enough is not None and self._enough(self._records):
-            return
-        i = self._sent
+        i = self._sent - load.warmup_requests  # negative: a warm-up request
         self._sent += 1
-        stream = self.engine.submit(load.prompt(i, self.engine.cfg.vocab_size), load.output_len,
+        stream = self.engine.submit(load.prompt(self._draw(), self.engine.cfg.vocab_size), load.output_len,
                                     ignore_eos=True, request_id=f"r{i}", arrival_ms=at_ms)
         self._streams[stream.request_id] = stream
         self._index[stream.request_id] = i
@@ -208,8 +248,12 @@ class VirtualDriver:
         self._enough = enough
         self._records = []
         self._sent = 0
-        for k in range(min(load.concurrency, load.num_requests)):
-            self._send(k * load.burst_gap_ms)
+        self._draw = load.prompt_indices()
+        if load.warmup_requests:
+            for k in range(min(load.concurrency, load.warmup_requests)):
+                self._send(k * load.burst_gap_ms)
+        else:
+            self._next(0.0)
         eng = self.engine
         sched = eng.scheduler
         prev_end: float | None = None

@@ -39,7 +39,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help=f"{QUICK_PER_GROUP} rows per (model, GPU) group")
     p.add_argument("--per-group", type=int, default=QUICK_PER_GROUP, help="rows per group with --quick")
     p.add_argument("--rounds", type=int, default=None,
-                   help="most rounds of C requests simulated per row before the steady state (default 20, as aiperf)")
+                   help="measured rounds of C requests per row (default: the row's harness protocol, "
+                        "cluster.benchmark_protocol)")
     p.add_argument("--match", metavar="REGEX", help="only rows whose id, model or system this finds "
                                                       "(e.g. 'Llama-3.1-70B.*h200')")
     p.add_argument("--jobs", type=int, default=None,

@@ -12,10 +12,9 @@ from actors.engine.engine import EngineConfig
 from actors.engine.factory import build_engine
 from actors.engine.scheduler import SchedulerLimits
 from actors.engine.virtual import ClosedLoop, RequestRecord, VirtualDriver
+from cluster.benchmark_protocol import AIC_EVAL_2025, PROTOCOLS, BenchmarkProtocol, SteadyState, aiperf_mean
 from cluster.validation import (
     SiliconRow,
-    SteadyState,
-    aiperf_mean,
     derived_model_name,
     engine_tp,
     read_rows,
@@ -64,7 +63,9 @@ def test_rows_resolve_to_presets_or_are_skipped_with_a_reason(tmp_path: Path) ->
     assert "only aggregated runs" in reasons["f"]
     sched = cases[0].spec.nodes[0].engines[0].scheduler
     assert sched.max_num_seqs == 4 and sched.max_num_batched_tokens == 4 + 256 + 1500
-    assert not sched.enable_prefix_caching
+    # aiconfigurator's deployments kept vLLM's default prefix caching; the 0.12 harness's replay runs without.
+    assert sched.enable_prefix_caching
+    assert not cases[2].spec.nodes[0].engines[0].scheduler.enable_prefix_caching
 
 
 def test_expert_parallel_rows_run_only_where_the_spec_can_say_ep(tmp_path: Path) -> None:
@@ -107,13 +108,13 @@ def test_a_bad_cell_is_named_by_line_and_column(tmp_path: Path) -> None:
 
 
 def test_aiperf_mean_weighs_the_burst_as_one_round_in_twenty() -> None:
-    assert aiperf_mean([10.0, 10.0, 1.0, 1.0, 1.0, 1.0], 2) == pytest.approx((10 + 19 * 1) / 20)
-    assert aiperf_mean([4.0, 6.0], 2) == pytest.approx(5.0)
+    assert aiperf_mean([10.0, 10.0, 1.0, 1.0, 1.0, 1.0], 2, 20) == pytest.approx((10 + 19 * 1) / 20)
+    assert aiperf_mean([4.0, 6.0], 2, 20) == pytest.approx(5.0)
 
 
 def test_aiperf_mean_fills_unsimulated_rounds_with_the_last_complete_one() -> None:
     # Rounds: burst 10, then 4, then 2; a trailing half round (99) is ignored; 17 rounds take 2.
-    assert aiperf_mean([10.0, 10.0, 4.0, 4.0, 2.0, 2.0, 99.0], 2) == pytest.approx((10 + 4 + 2 + 17 * 2) / 20)
+    assert aiperf_mean([10.0, 10.0, 4.0, 4.0, 2.0, 2.0, 99.0], 2, 20) == pytest.approx((10 + 4 + 2 + 17 * 2) / 20)
     assert aiperf_mean([1.0] * 2 + [3.0] * 40, 2, rounds=20) == pytest.approx((1 + 19 * 3) / 20)
 
 
@@ -211,6 +212,10 @@ def _roofline_driver(fast: bool, blocks: int, seqs: int, budget: int, caching: b
     (4000, 4, 512, False, True, 100_000, ClosedLoop(8, 24, 100, 60)),  # more clients than max_num_seqs
     (70, 8, 512, False, True, 100_000, ClosedLoop(8, 32, 100, 150)),  # KV-bound: waiting head blocked, preempts
     (70, 8, 512, False, False, 100_000, ClosedLoop(8, 32, 100, 150, burst_gap_ms=0.3)),  # same, sync scheduling
+    # aiperf's protocol: a warm-up, then prompts drawn from a pool and hit in the prefix cache
+    (4000, 8, 600, True, True, 100_000, ClosedLoop(8, 40, 300, 57, 1.0, warmup_requests=16, prompt_pool=12,
+                                                   pool_seed=3)),
+    (90, 8, 512, True, True, 100_000, ClosedLoop(8, 32, 100, 150, warmup_requests=8, prompt_pool=10)),
 ])
 def test_decode_stretches_give_the_step_by_step_run_exactly(blocks: int, seqs: int, budget: int, caching: bool,
                                                            async_: bool, ctx: int, load: ClosedLoop) -> None:
@@ -251,3 +256,33 @@ def test_implied_tensor_share_flags_rows_no_gpu_could_have_produced(tmp_path: Pa
     res = validate(write_csv(tmp_path / "s.csv", rows[:1]), default_catalog(), rounds=2)
     (g,) = res.groups
     assert g.implausible == 1 and g.versions == "0.12.0"
+
+
+def test_the_aiconfigurator_rows_replay_the_2025_evaluation_runners_client() -> None:
+    # aiperf --request-count 10C --warmup-request-count 2C --num-dataset-entries 12C, prefix caching on.
+    assert PROTOCOLS["aiconfigurator"] is AIC_EVAL_2025
+    load = AIC_EVAL_2025.load(8, 1024, 128, seed=5)
+    assert (load.concurrency, load.num_requests, load.warmup_requests, load.prompt_pool, load.pool_seed) == (
+        8, 80, 16, 96, 5)
+    assert AIC_EVAL_2025.prefix_caching and len(AIC_EVAL_2025.seeds) > 1 and not AIC_EVAL_2025.steady_state
+    assert AIC_EVAL_2025.load(8, 1024, 128, seed=5, rounds=2).num_requests == 16
+    assert not PROTOCOLS["vllm-0.12-gap-analysis"].prefix_caching
+    with pytest.raises(ValueError, match="no steady state"):
+        BenchmarkProtocol("x", rounds=2, warmup_rounds=0, dataset_rounds=3, prefix_caching=True, seeds=(1,),
+                          steady_state=True)
+
+
+def test_a_row_is_the_mean_over_the_protocols_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster import validation
+
+    (case,), _ = resolve(read_rows(write_csv(tmp_path / "s.csv", ROWS[:1])), default_catalog())
+    seeds = AIC_EVAL_2025.seeds
+    single = []
+    for seed in seeds:
+        monkeypatch.setitem(validation.PROTOCOLS, "aiconfigurator", BenchmarkProtocol("one", 2, 2, 12, True, (seed,),
+                                                                                      False))
+        single.append(validation.run_case(case, catalog=default_catalog()))
+    monkeypatch.setitem(validation.PROTOCOLS, "aiconfigurator", AIC_EVAL_2025)
+    both = validation.run_case(case, 2, default_catalog())
+    assert both.ttft_ms == pytest.approx(sum(r.ttft_ms for r in single) / len(seeds))
+    assert both.tpot_ms == pytest.approx(sum(r.tpot_ms for r in single) / len(seeds))

@@ -97,3 +97,41 @@ def test_a_burst_gap_lets_the_idle_engine_start_with_the_first_request_alone() -
     assert all(r.first_token_ms > first.first_token_ms for r in rest)
     with pytest.raises(ValueError):
         ClosedLoop(1, 1, 1, 1, burst_gap_ms=-1.0)
+
+
+def caching_driver(blocks: int = 1000) -> VirtualDriver:
+    cfg = EngineConfig("v", "m", "colocated", blocks, 16, SchedulerLimits(64, 4096, 100_000),
+                       enable_prefix_caching=True)
+    return VirtualDriver(cfg, Fixed())
+
+
+def test_warm_up_runs_first_unrecorded_and_the_measured_burst_waits_for_its_last_request() -> None:
+    d = driver()
+    res = d.run(ClosedLoop(2, 4, input_len=32, output_len=3, warmup_requests=3))
+    assert [r.index for r in res.records] == [0, 1, 2, 3]  # the three warm-up requests are not records
+    # The warm-up's third request ran alone after the first two: the measured phase opens when it ended,
+    # with both clients at once.
+    first, second = res.records[:2]
+    assert first.arrival_ms == second.arrival_ms > 0.0
+    assert d.engine.scheduler.stats.prompt_tokens == 7 * 32
+
+
+def test_prompts_drawn_from_a_pool_repeat_as_the_seeded_draws_say_and_hit_the_cache() -> None:
+    import random
+
+    load = ClosedLoop(1, 6, input_len=64, output_len=2, warmup_requests=2, prompt_pool=3, pool_seed=7)
+    draw = load.prompt_indices()
+    rng = random.Random(7)
+    expected = [rng.choice(range(3)) for _ in range(8)]
+    assert [draw() for _ in range(8)] == expected  # aiperf's DatasetManager: Random(seed).choice per request
+    d = caching_driver()
+    res = d.run(load)
+    stats = d.engine.scheduler.stats
+    repeats = sum(1 for i, p in enumerate(expected) if p in expected[:i])
+    assert repeats > 0
+    # A repeated 64-token prompt hits its first 3 blocks (the last token is always computed).
+    assert stats.prefix_hits == repeats * 48
+    fresh = driver().run(ClosedLoop(1, 6, input_len=64, output_len=2, warmup_requests=2))
+    assert sum(r.ttft_ms for r in res.records) < sum(r.ttft_ms for r in fresh.records)
+    with pytest.raises(ValueError):
+        ClosedLoop(1, 1, 1, 1, prompt_pool=-1)
