@@ -1,7 +1,9 @@
-"""Request bodies built ahead of their send time (cluster/loadtest/prebuild.py) and the body encoding (no sockets)."""
+"""Request bodies built ahead of their send time (cluster/loadtest/prebuild.py), the body encoding and the
+replay's frozen heap (no sockets)."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from cluster.loadtest import ClientConfig, PromptSynthesizer, RequestId, RequestSpec
 from cluster.loadtest.client import CompletionClient, PreparedRequest, build_headers, build_payload
 from cluster.loadtest.prebuild import REFILL_MARGIN_S, Prebuilder
+from cluster.loadtest.replay import frozen_heap
 
 
 class FakeTime:
@@ -78,3 +81,14 @@ async def test_prepared_bodies_are_the_same_bytes_as_a_list_prompt() -> None:
     recording = CompletionClient(None, "http://unused", ClientConfig(model="m", record_tokens=True), synth)  # type: ignore[arg-type]
     ids = recording.prepare(spec).prompt_ids
     assert ids == tuple(synth.prompt(spec)) and all(type(t) is int for t in ids)
+
+
+def test_the_heap_is_frozen_for_the_run_and_handed_back() -> None:
+    before = gc.get_freeze_count()
+    with frozen_heap():
+        assert gc.get_freeze_count() > before  # what was alive is out of collection's way
+        garbage: list[object] = []
+        garbage.append(garbage)  # a cycle made during the run is still collected
+        del garbage
+        assert gc.collect() >= 1
+    assert gc.get_freeze_count() == 0
