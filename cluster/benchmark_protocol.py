@@ -15,11 +15,13 @@ The harnesses (``PROTOCOLS``, keyed by ``SiliconRow.harness``):
   12C`` with exact lengths (stddev 0, ``ignore_eos``), streaming, no ``--random-seed``. aiperf (its
   ``DatasetManager`` at db4f6397, Oct 2025) draws every request's prompt with ``random.choice`` from the
   12C synthetic entries, so about 43% of the measured requests repeat a prompt sent before; the server
-  (no flag against it) kept vLLM's default prefix caching. Evidence in the rows: 70B fp8 on H200, C 8
-  and 16 (24 rows), TTFT median |error| 47% with distinct prompts and no cache (the prefill convoy: clients
-  that finish together come back together), 11% with this protocol; the later aiperf default (100 entries
-  for 20C requests, the 2026 ``bench_run.sh.j2``) predicts the C 64 rows 63% fast: the 2026 script did
-  not make these rows.
+  (no flag against it) kept vLLM's default prefix caching. The vLLM of that date (0.11.0, 2025-10-02)
+  scheduled synchronously unless ``--async-scheduling`` was given (on by default from later releases;
+  vLLM's recipes still called it opt-in in Dec 2025), so these rows replay without it. Evidence in the
+  rows, 70B fp8 on H200, C 8 and 16 (24 rows, TTFT median |error|): distinct prompts and no cache, 47%
+  (the prefill convoy: clients that finish together come back together); this protocol, 24% (seeds 1-3);
+  the later aiperf default (100 entries for 20C requests, the 2026 ``bench_run.sh.j2``) predicts the C 64
+  rows 63% fast: the 2026 script did not make these rows.
 - ``vllm-0.12-gap-analysis``: the vLLM 0.12.0 rows (another harness, Jan 2026, Dynamo 0.8.0 images),
   whose client the table does not give: replayed with distinct prompts, no prefix caching, the 2026
   script's 20 rounds, until the loop's steady state (no warm-up: without a cache it changes nothing).
@@ -44,6 +46,10 @@ with the first request alone. With exact lengths that first step decides which r
 for the whole run (all arriving at one instant, 1024-token prompts with a 2528-token budget are prefilled
 in pairs forever: 70B fp8 H200 TP1 C4 TTFT 360 ms against 203 measured; spaced, 266 ms). Any gap from
 0.2 to 5 ms gives the same figures within 1 ms on the 70B rows: the order matters, not the value."""
+CLIENT_TURNAROUND_MS = 1.0
+"""The last token's way to the client (engine core -> API server -> SSE) and the next request's way in (HTTP,
+chat template, tokenization, -> engine core): at least a millisecond, less than a decode step (8-50 ms on
+the replayed rows). What matters is that it is above 0 (``ClosedLoop.turnaround_ms``)."""
 STEADY_TOLERANCE = 0.01
 """Two consecutive rounds whose mean TTFT and TPOT differ by less than this are the steady state."""
 
@@ -62,6 +68,8 @@ class BenchmarkProtocol:
     ``--num-dataset-entries``); 0: every request has its own prompt."""
     prefix_caching: bool
     """The server's prefix caching (vLLM's ``enable_prefix_caching``)."""
+    async_scheduling: bool
+    """The server's async scheduling (``--async-scheduling``: opt-in in vLLM 0.11, on by default in 0.19)."""
     seeds: tuple[int, ...]
     """Seeds of the prompt draws replayed; the figures are the mean over them (one is enough without draws)."""
     steady_state: bool
@@ -69,6 +77,8 @@ class BenchmarkProtocol:
     last one: only valid when nothing drifts from round to round, so never with drawn prompts."""
     burst_gap_ms: float = BURST_GAP_MS
     """Spacing of the measured phase's opening burst at the engine."""
+    turnaround_ms: float = CLIENT_TURNAROUND_MS
+    """From a request's last token to its client's next request at the engine (``ClosedLoop``)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.warmup_rounds < 0 or self.dataset_rounds < 0 or not self.seeds:
@@ -80,16 +90,16 @@ class BenchmarkProtocol:
              rounds: int | None = None) -> ClosedLoop:
         """The client load of one replay (``rounds`` overrides the protocol's measured rounds)."""
         return ClosedLoop(concurrency, (rounds or self.rounds) * concurrency, input_len, output_len,
-                          self.burst_gap_ms, warmup_requests=self.warmup_rounds * concurrency,
+                          self.burst_gap_ms, self.turnaround_ms, warmup_requests=self.warmup_rounds * concurrency,
                           prompt_pool=self.dataset_rounds * concurrency, pool_seed=seed)
 
 
 AIC_EVAL_2025 = BenchmarkProtocol("aiconfigurator-eval-2025 (aiperf, 10C requests, 2C warm-up, 12C prompts)",
                                   rounds=10, warmup_rounds=2, dataset_rounds=12, prefix_caching=True,
-                                  seeds=(1, 2, 3), steady_state=False)
+                                  async_scheduling=False, seeds=(1, 2, 3), steady_state=False)
 DISTINCT_PROMPTS = BenchmarkProtocol("distinct prompts, no prefix caching, 20C requests (to the steady state)",
                                      rounds=20, warmup_rounds=0, dataset_rounds=0, prefix_caching=False,
-                                     seeds=(0,), steady_state=True)
+                                     async_scheduling=True, seeds=(0,), steady_state=True)
 PROTOCOLS: dict[str, BenchmarkProtocol] = {
     "aiconfigurator": AIC_EVAL_2025,
     "vllm-0.12-gap-analysis": DISTINCT_PROMPTS,

@@ -239,6 +239,7 @@ def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp
                        "max_num_seqs": concurrency,
                        "max_num_batched_tokens": concurrency + row.isl + BATCHED_TOKENS_SLACK,
                        "enable_prefix_caching": PROTOCOLS[row.harness].prefix_caching,
+                       "async_scheduling": PROTOCOLS[row.harness].async_scheduling,
                    }}]}],
     }
     return ClusterSpec.model_validate(data, context={"catalog": catalog})

@@ -19,6 +19,12 @@ default; ``--random-seed``), so a prompt drawn again hits the prefix cache if it
 only when every warm-up request has finished (aiperf runs its warm-up phase to completion first), all
 ``concurrency`` clients at once. Warm-up requests are not in the run's records.
 
+Client turnaround (``turnaround_ms``): with async scheduling, vLLM's engine core plans step N+1 as soon as
+step N is launched and step N+2 as soon as step N's outputs are processed (``step_with_batch_queue``, a
+queue of two), so the client of a request whose last token came from step N is still receiving it when
+N+2 is planned: its next request joins N+3 (N+2 without async scheduling). A turnaround of 0 would let it
+join N+2, one step early.
+
 Decode stretches (``VirtualDriver(fast_forward=True)``, the default): between two events (an arrival, a
 prefill chunk, a finish, a preemption) a closed loop runs many steps that are pure decode of the same
 sequences, each one token longer. The driver runs such a stretch of ``k`` steps at once: the cost model is
@@ -125,6 +131,10 @@ class ClosedLoop:
     burst_gap_ms: float = 0.0
     """The opening burst's client k arrives at ``k x burst_gap_ms`` (a server hands simultaneous requests
     to its engine one after another); later requests go out when their client's previous one ended."""
+    turnaround_ms: float = 0.0
+    """A client's next request reaches the engine this long after its previous request's last token (the
+    token's way out to the client and the next request's way in). Any value above 0 moves the arrival past
+    the planning of the step after the one that emitted the token (module docstring)."""
     warmup_requests: int = 0
     """Requests run before the measured ones, not recorded (module docstring)."""
     prompt_pool: int = 0
@@ -135,8 +145,8 @@ class ClosedLoop:
     def __post_init__(self) -> None:
         if min(self.concurrency, self.num_requests, self.input_len, self.output_len) < 1:
             raise ValueError("concurrency, num_requests, input_len and output_len must be at least 1")
-        if min(self.burst_gap_ms, self.warmup_requests, self.prompt_pool) < 0:
-            raise ValueError("burst_gap_ms, warmup_requests and prompt_pool must not be negative")
+        if min(self.burst_gap_ms, self.turnaround_ms, self.warmup_requests, self.prompt_pool) < 0:
+            raise ValueError("burst_gap_ms, turnaround_ms, warmup_requests and prompt_pool must not be negative")
 
     def prompt_indices(self) -> Callable[[], int]:
         """The prompt index of each request in send order (warm-up first): a fresh draw per call."""
@@ -208,7 +218,7 @@ class VirtualDriver:
         if index >= 0:
             self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, seq.first_token_ms,
                                                seq.last_token_ms, len(seq.output_ids), seq.num_preemptions))
-        self._next(seq.last_token_ms)
+        self._next(seq.last_token_ms + (self._load.turnaround_ms if self._load is not None else 0.0))
 
     # -- running -----------------------------------------------------------------------------------
     def _next(self, at_ms: float) -> None:
@@ -263,7 +273,13 @@ class VirtualDriver:
                 if end_k is not None:
                     prev_end = end_k
                     continue
-            step = eng.plan_step(prev_end, self.time.t * 1000.0)
+            now = self.time.t * 1000.0
+            if not sched.running:
+                early = sched.earliest_waiting_arrival()
+                if early is not None and early > now:  # idle until the next arrival (a client's turnaround)
+                    self.time.advance_to_ms(early)
+                    now, prev_end = early, None
+            step = eng.plan_step(prev_end, now)
             if step is None:
                 continue
             if step.empty:

@@ -63,8 +63,10 @@ def test_rows_resolve_to_presets_or_are_skipped_with_a_reason(tmp_path: Path) ->
     assert "only aggregated runs" in reasons["f"]
     sched = cases[0].spec.nodes[0].engines[0].scheduler
     assert sched.max_num_seqs == 4 and sched.max_num_batched_tokens == 4 + 256 + 1500
-    # aiconfigurator's deployments kept vLLM's default prefix caching; the 0.12 harness's replay runs without.
-    assert sched.enable_prefix_caching
+    # aiconfigurator's deployments kept vLLM's default prefix caching and (vLLM 0.11) synchronous scheduling;
+    # the 0.12 harness's replay runs without the cache, with async scheduling.
+    assert sched.enable_prefix_caching and not sched.async_scheduling
+    assert cases[2].spec.nodes[0].engines[0].scheduler.async_scheduling
     assert not cases[2].spec.nodes[0].engines[0].scheduler.enable_prefix_caching
 
 
@@ -268,8 +270,8 @@ def test_the_aiconfigurator_rows_replay_the_2025_evaluation_runners_client() -> 
     assert AIC_EVAL_2025.load(8, 1024, 128, seed=5, rounds=2).num_requests == 16
     assert not PROTOCOLS["vllm-0.12-gap-analysis"].prefix_caching
     with pytest.raises(ValueError, match="no steady state"):
-        BenchmarkProtocol("x", rounds=2, warmup_rounds=0, dataset_rounds=3, prefix_caching=True, seeds=(1,),
-                          steady_state=True)
+        BenchmarkProtocol("x", rounds=2, warmup_rounds=0, dataset_rounds=3, prefix_caching=True,
+                          async_scheduling=True, seeds=(1,), steady_state=True)
 
 
 def test_a_row_is_the_mean_over_the_protocols_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,8 +281,8 @@ def test_a_row_is_the_mean_over_the_protocols_seeds(tmp_path: Path, monkeypatch:
     seeds = AIC_EVAL_2025.seeds
     single = []
     for seed in seeds:
-        monkeypatch.setitem(validation.PROTOCOLS, "aiconfigurator", BenchmarkProtocol("one", 2, 2, 12, True, (seed,),
-                                                                                      False))
+        monkeypatch.setitem(validation.PROTOCOLS, "aiconfigurator", BenchmarkProtocol("one", 2, 2, 12, True, True,
+                                                                                      (seed,), False))
         single.append(validation.run_case(case, catalog=default_catalog()))
     monkeypatch.setitem(validation.PROTOCOLS, "aiconfigurator", AIC_EVAL_2025)
     both = validation.run_case(case, 2, default_catalog())

@@ -135,3 +135,24 @@ def test_prompts_drawn_from_a_pool_repeat_as_the_seeded_draws_say_and_hit_the_ca
     assert sum(r.ttft_ms for r in res.records) < sum(r.ttft_ms for r in fresh.records)
     with pytest.raises(ValueError):
         ClosedLoop(1, 1, 1, 1, prompt_pool=-1)
+
+
+@pytest.mark.parametrize(("async_", "steps_after"), [(True, 2), (False, 1)])
+def test_a_clients_turnaround_moves_its_next_request_past_the_next_planned_step(async_: bool,
+                                                                              steps_after: int) -> None:
+    # Two clients out of phase: one decodes (1 ms steps) while the other's next request comes in. With
+    # async scheduling vLLM planned the step after the token's one already, so a request that arrives any
+    # time after the token joins the step after that (the second); without, the next one.
+    def run(turnaround: float) -> RequestRecord:
+        cfg = EngineConfig("v", "m", "colocated", 1000, 16, SchedulerLimits(64, 4096, 100_000, async_scheduling=async_),
+                           enable_prefix_caching=False)
+        load = ClosedLoop(2, 4, input_len=32, output_len=6, burst_gap_ms=0.5, turnaround_ms=turnaround)
+        return VirtualDriver(cfg, Fixed()).run(load).records[2]
+
+    at_once, later = run(0.0), run(0.3)
+    assert later.arrival_ms == pytest.approx(at_once.arrival_ms + 0.3)  # the token's step ended at at_once's
+    token_step_end = at_once.arrival_ms
+    assert at_once.first_scheduled_ms == pytest.approx(token_step_end + (steps_after - 1) * 1.0)
+    assert later.first_scheduled_ms == pytest.approx(token_step_end + steps_after * 1.0)
+    with pytest.raises(ValueError):
+        ClosedLoop(1, 1, 1, 1, turnaround_ms=-1.0)
