@@ -218,6 +218,8 @@ def _roofline_driver(fast: bool, blocks: int, seqs: int, budget: int, caching: b
     (4000, 8, 600, True, True, 100_000, ClosedLoop(8, 40, 300, 57, 1.0, warmup_requests=16, prompt_pool=12,
                                                    pool_seed=3)),
     (90, 8, 512, True, True, 100_000, ClosedLoop(8, 32, 100, 150, warmup_requests=8, prompt_pool=10)),
+    (4000, 8, 600, True, False, 100_000, ClosedLoop(8, 40, 300, 57, 1.0, 1.0, warmup_requests=16, prompt_pool=12)),
+    (90, 8, 512, True, True, 100_000, ClosedLoop(8, 32, 100, 150, 1.0, 0.7, prompt_pool=10)),  # and a turnaround
 ])
 def test_decode_stretches_give_the_step_by_step_run_exactly(blocks: int, seqs: int, budget: int, caching: bool,
                                                            async_: bool, ctx: int, load: ClosedLoop) -> None:
