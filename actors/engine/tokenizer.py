@@ -107,22 +107,26 @@ class Tokenizer:
                 return ids
         return ids + cast(list[int], found) if ids else cast(list[int], found)
 
-    def head_and_count(self, text: str, head_tokens: int) -> tuple[list[int], int] | None:
-        """The ids of ``text``'s first words, at least ``head_tokens`` of them (all when fewer), and how many
-        tokens the whole text has, without tokenizing the rest: the words after the head are only measured
-        (a word of ``n`` characters after its space is ``ceil((n + 1) / MAX_PIECE)`` pieces). For text
-        ``encode`` cuts with ``str.split`` (else None): ``head == encode(text)[:len(head)]`` and
-        ``count == len(encode(text))``. What a router needs to rank a prompt that misses every cache before
-        it has tokenized all of it (a new prefix: words never met, ~1 us each to hash)."""
+    def split_head(self, text: str, head_tokens: int) -> tuple[list[int], str] | None:
+        """The ids of ``text``'s first words, at least ``head_tokens`` of them (all when fewer), and the text
+        after them (empty, or starting with the space before the next word), without tokenizing that rest.
+        For text ``encode`` cuts with ``str.split`` (else None): ``head == encode(text)[:len(head)]`` and
+        ``len(head) + count_after_head(rest) == len(encode(text))``. What a router needs to rank a prompt that
+        misses every cache before it has tokenized all of it (a new prefix: words never met, ~1 us each)."""
         if not (text.isprintable() and "  " not in text and not text.endswith(" ")):
             return None
         parts = text.split(" ", head_tokens + 1)  # each word is one piece or more: enough for the head
-        rest = parts.pop() if len(parts) > head_tokens + 1 else ""
-        ids = self._encode_spaced(" ".join(parts))
+        rest = " " + parts.pop() if len(parts) > head_tokens + 1 else ""
+        return self._encode_spaced(" ".join(parts)), rest
+
+    @staticmethod
+    def count_after_head(rest: str) -> int:
+        """Tokens of ``split_head``'s rest, measured, not tokenized: a word of ``n`` characters after its space is
+        ``ceil((n + 1) / MAX_PIECE)`` pieces."""
         if not rest:
-            return ids, len(ids)
-        lengths = np.fromiter(map(len, rest.split(" ")), dtype=np.int64)
-        return ids, len(ids) + int(((lengths + MAX_PIECE) // MAX_PIECE).sum())
+            return 0
+        lengths = np.fromiter(map(len, rest[1:].split(" ")), dtype=np.int64)
+        return int(((lengths + MAX_PIECE) // MAX_PIECE).sum())
 
     def _learn(self, words: set[str]) -> None:
         """Keep the ids of words not seen yet (each after one space), computed in one loop. A prompt of fresh

@@ -175,16 +175,18 @@ class Chooser:
         if not isinstance(p, str):
             return False
         bs = pool[0].block_size
-        got = self._tokenizer(pool[0].vocab_size).head_and_count(p, HEAD_BLOCKS * bs)
+        tok = self._tokenizer(pool[0].vocab_size)
+        got = tok.split_head(p, HEAD_BLOCKS * bs)
         if got is None:
             return False
-        head, count = got
+        head, rest = got
         hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
         if len(hashes) < HEAD_BLOCKS:
             return False  # a short prompt: nothing to save
         overlap = self._overlap_of(hashes, pool)
         if max(overlap.values(), default=0) >= len(hashes):
             return False  # some worker may hold more: walk the whole prompt
+        count = len(head) + tok.count_after_head(rest)
         ctx.overlap, ctx.text = overlap, p
         ctx.counted_tokens, ctx.counted_blocks = count, count // bs
         ctx.tail = functools.partial(self._finish_tail, ctx, req, pool)
@@ -193,7 +195,7 @@ class Chooser:
 
     def _finish_tail(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo]) -> None:
         ctx.tail = None
-        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.head_and_count, tested)
+        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.split_head, tested)
         ctx.counted_tokens = ctx.counted_blocks = None
         if ctx.routed_to is not None:
             self._record(ctx.routed_to, ctx)

@@ -30,23 +30,25 @@ WORD = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_ca
 
 
 @given(st.booleans(), st.lists(WORD, max_size=60), st.integers(0, 40))
-def test_head_and_count_give_the_head_of_the_ids_and_their_number(lead: bool, words: list[str],
+def test_split_head_gives_the_head_of_the_ids_and_the_rest_counts_the_others(lead: bool, words: list[str],
                                                                   head: int) -> None:
     text = (" " if lead else "") + " ".join(words)
-    got = TOK.head_and_count(text, head)
+    got = TOK.split_head(text, head)
     if text.endswith(" "):  # (" " alone): the regex's cut, not the fast one
         assert got is None
         return
     assert got is not None
-    ids, count = got
+    ids, rest = got
+    assert text.endswith(rest) and TOK.encode(text[:len(text) - len(rest)]) == ids  # the head, then the rest
+    count = len(ids) + TOK.count_after_head(rest)
     full = TOK.encode(text)
     assert count == len(full)
     assert ids == full[:len(ids)] and (len(ids) >= head or ids == full)
 
 
-def test_head_and_count_leave_other_whitespace_to_the_full_path() -> None:
+def test_split_head_leaves_other_whitespace_to_the_full_path() -> None:
     for text in (" a  b", "a\nb", " a b ", "a\tb"):
-        assert TOK.head_and_count(text, 4) is None
+        assert TOK.split_head(text, 4) is None
 
 
 def chooser(mode: str) -> tuple[Chooser, RoutingPolicy, list[WorkerInfo]]:
