@@ -7,9 +7,13 @@ import math
 import pytest
 
 from cluster.loadtest.scrape import (
+    RUNNING,
+    STEP_LAG,
+    WAITING,
     TargetProbe,
     histogram_quantile,
     merge,
+    only_metrics,
     parse_metrics,
     parse_workers,
     prefix_hit_ratio,
@@ -95,3 +99,27 @@ def test_workers_pages_fill_in_what_the_target_lacks() -> None:
     assert both.total("kvmesh_router_decisions") == 5
     assert merge([w0, w1]).buckets["kvmesh:step_lag_ms"][1.0] == 70
     assert TargetProbe.combined(None, {}) is None
+
+
+def test_the_depth_poll_parses_only_its_two_gauges_with_the_same_values() -> None:
+    text = """# HELP vllm:num_requests_running Running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="e-0",model_name="m"} 3.0
+# HELP vllm:num_requests_running_extra Not this one.
+# TYPE vllm:num_requests_running_extra gauge
+vllm:num_requests_running_extra{engine="e-0"} 9.0
+# HELP vllm:num_requests_waiting Waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting 2.0
+# HELP kvmesh:step_lag_ms Lag.
+# TYPE kvmesh:step_lag_ms histogram
+kvmesh:step_lag_ms_bucket{le="1.0"} 5.0
+kvmesh:step_lag_ms_bucket{le="+Inf"} 6.0
+kvmesh:step_lag_ms_count 6.0
+kvmesh:step_lag_ms_sum 7.0
+"""
+    full = parse_metrics(text)
+    cut = parse_metrics(only_metrics(text, (RUNNING, WAITING)))
+    assert cut.series(RUNNING) == full.series(RUNNING) == {(("engine", "e-0"),): 3.0}
+    assert cut.total(WAITING) == full.total(WAITING) == 2.0
+    assert not cut.has("vllm:num_requests_running_extra") and not cut.has(STEP_LAG)
