@@ -240,6 +240,10 @@ class TransportOptions(Frozen):
     """``inproc`` moves no bytes, so it verifies only checksums a producer supplied, unless ``always``."""
     ucx_same_host: Literal["auto", "worker_address", "listener"] = "auto"
     """UCX on one host: connect by worker address (shared memory) or through the listener."""
+    ucx_inflight_bytes: PositiveInt = 8 * MiB
+    """Bytes of pushes a UCX connection keeps in flight (at most ``max_inflight_bytes``). Kept small so the
+    receiver's pooled buffers stay in the CPU cache: with 64 MiB in flight each 1 MiB payload landed in a
+    buffer cold from DRAM (locked sweep, 1 MiB blocks, 4 per push: sm 4.3 -> 5.7 GB/s, tcp 3.5 -> 4.2 GB/s)."""
 
     @model_validator(mode="after")
     def _fits(self) -> TransportOptions:

@@ -22,8 +22,9 @@ was backlogged, refuses it rather than deliver a push its sender already reporte
 Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block and
 ``PULL_END`` (or ``PULL_END`` with an error). A puller that gives up sends ``CANCEL``; the server stops.
 
-Backpressure. Senders bound the bytes in flight per connection (``max_inflight_bytes``, released at
-the receiver's acknowledgement) and wait for the connection's send buffer to drain between frames.
+Backpressure. Senders bound the bytes in flight per connection (``inflight_bytes``: ``max_inflight_bytes``,
+less for ucx; released at the receiver's acknowledgement) and wait for the connection's send buffer to
+drain between frames.
 Receivers read into pooled buffers; when the pool is exhausted a connection stops reading until
 buffers come back, which stalls its senders (their deadlines then fire).
 
@@ -89,6 +90,11 @@ class FramedTransport(EndpointBase):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of pushes each connection keeps in flight (its senders' budget)."""
+        return self.options.max_inflight_bytes
 
     def _count_frame_error(self, err: FrameError) -> None:
         self.frame_errors += 1

@@ -119,7 +119,7 @@ class Client:
         self.owner = owner
         self.location = location
         self.pending: dict[int, Pending | Reply] = {}
-        self.budget = ByteBudget(owner.options.max_inflight_bytes)
+        self.budget = ByteBudget(owner.inflight_bytes)
         self.ids = itertools.count(1)
         self.conn: Connection | None = None
 

@@ -424,6 +424,10 @@ class UcxTransport(FramedTransport):
         self.paths: collections.Counter[str] = collections.Counter()
         """Connections opened, by path: ``worker_address`` (same host), ``remote`` (another host), ``listener``."""
 
+    @property
+    def inflight_bytes(self) -> int:
+        return min(self.options.max_inflight_bytes, self.options.ucx_inflight_bytes)
+
     def _worker(self) -> UcxWorker:
         if self._w is None:
             self._w = UcxWorker()

@@ -94,6 +94,18 @@ async def test_push_pull_and_multiplexing(pair) -> None:
     assert a.connects == 1 and sum(a.paths.values()) == 1
 
 
+async def test_a_ucx_connection_keeps_a_small_window_in_flight(pair) -> None:
+    a, b, addr, _ = pair
+    assert a.inflight_bytes == a.options.ucx_inflight_bytes == 8 << 20 < a.options.max_inflight_bytes
+    sent = {i: blocks(3, 1 << 20, seed=i) for i in range(8)}  # 24 MiB of pushes at once over an 8 MiB window
+    await asyncio.gather(*(a.push(addr, RequestId(f"w{i}"), s) for i, s in sent.items()))
+    for i, s in sent.items():
+        with await b.receive(RequestId(f"w{i}"), count=3) as got:
+            assert same(got.blocks, s)
+    [client] = a._clients.values()
+    assert client.budget.capacity == 8 << 20 and client.budget.used == 0
+
+
 async def test_deadline_and_cancellation_leave_nothing(pair) -> None:
     a, b, addr, clock = pair
 
