@@ -9,7 +9,6 @@ from pathlib import Path
 from rich.table import Table
 
 from actors.calibration import (
-    DEFAULT_DATA,
     FP8_GEMM_BF16_BOUND,
     FP8_SPEEDUP_RANGES,
     OP_DATA,
@@ -19,10 +18,9 @@ from actors.calibration import (
     current_op_errors,
     fit_hardware_ops,
     fp8_gemm_speedup,
-    load_points,
-    splitwise_report,
     write_presets,
 )
+from actors.splitwise_report import DEFAULT_DATA, load_points, splitwise_report
 from cluster.cli import Command, register
 from cluster.cli.output import console, print_json
 from config.catalog import default_catalog

@@ -22,12 +22,11 @@ from actors.calibration import (
     fit_op,
     fp8_gemm_speedup,
     load_op_tables,
-    load_points,
     op_error,
-    splitwise_report,
     write_presets,
 )
 from actors.cost_model import RooflineCostModel, gemm_bytes
+from actors.splitwise_report import load_points, splitwise_report
 from config import default_catalog
 from config.catalog import PRESETS_DIR, Catalog
 from config.hardware import COMPUTE_KNOTS, MEMORY_KNOTS, OpFit
