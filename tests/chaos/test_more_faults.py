@@ -93,9 +93,12 @@ def test_kill_engine_with_replacement(ray_cluster: object, tmp_path: Path) -> No
 
 
 def test_spot_preempt_with_replacement(ray_cluster: object, tmp_path: Path) -> None:
+    # 8 s of arrivals: on a loaded host the replacement can take a few seconds to start and join, and the
+    # test needs requests sent after that (with 4 s of arrivals it once joined after the last one)
     summary, folder, records = chaos(tmp_path, [{"kind": "spot_preempt", "at_s": 0.5, "engine": "f",
-                                                 "notice_s": 1.0, "replace_after_s": 0.5}])
-    log = assert_clean(summary, folder)
+                                                 "notice_s": 1.0, "replace_after_s": 0.5}],
+                                     workload=WORKLOAD.replace("num_requests: 40", "num_requests: 80"))
+    log = assert_clean(summary, folder, n=80)
     assert summary["loadtest"]["failed"] == 0
     assert summary["dead_engines"] == [] and summary["replaced_engines"] == ["f"]
     joined_ms = 1000 * log[-1]["actual_s"] + 500
