@@ -52,8 +52,9 @@ class Connection(Protocol):
     def send(self, ftype: FrameType, meta: dict[str, Any], payload: memoryview | None = None, *,
              block: Block | None = None, algo: ChecksumChoice = "auto") -> None: ...
 
-    def send_encoded(self, frame: bytes) -> None:
-        """Queue or write one frame already encoded whole (a compact ACK), like ``send``."""
+    def send_encoded(self, head: bytes, body: memoryview | None = None) -> None:
+        """Queue or write one frame already encoded (a compact ACK, a small push: its header and metadata,
+        then its payload), like ``send``."""
         ...
 
     async def drain(self) -> None: ...

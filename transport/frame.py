@@ -7,7 +7,7 @@ A frame is a fixed 32-byte header, msgpack metadata (a map), then the raw payloa
          4    1 version        1
          5    1 type           FrameType
          6    1 checksum algo  1 = sum64, 2 = crc32, 3 = xxh3 (of the payload)
-         7    1 flags          0, or 1 (COMPACT: a success ACK without metadata, see below)
+         7    1 flags          0, 1 (COMPACT: a success ACK without metadata) or 2 (SMALL: a small push), see below
          8    4 meta length    <= max_meta_bytes
         12    8 payload length <= max_frame_payload
         20    8 payload checksum
@@ -19,6 +19,24 @@ A compact ACK (flags ``COMPACT``, type ACK, no metadata, no payload) is the 32-b
 answer ``{t, ok: true}`` to the transfer whose id is in the payload-checksum field. It is the common
 answer (every push that commits), so it costs neither side a msgpack call; its header CRC still
 covers the id. ``COMPACT`` on any other frame, or with metadata or payload, is a ``FrameError``.
+
+A small push (flags ``SMALL``, type PUSH_DATA) is a whole one-block push that commits at once, with
+fixed-layout metadata instead of msgpack (small pushes are the common KV push, and msgpack on both
+sides costs them more than the rest of their framing)::
+
+    offset size field (of the metadata)
+         0    8 t              transfer id (unsigned)
+         8    8 b              block id modulo 2**64 (unsigned)
+        16    4 layer start
+        20    4 layer stop     > layer start
+        24    8 x              the sender's deadline (``time.time()`` seconds, float64)
+        32    1 negative       1 when the block id is negative (it is then b - 2**64 >= -2**63), else 0
+        33    -  r             the request id, UTF-8 (the rest of the metadata)
+
+It decodes to the map a msgpack PUSH_DATA of one block would carry (``{t, i: 0, b, l, r, n: 1, c: true,
+x}``) with every field's type already checked (``Frame.checked``). ``SMALL`` on another type, with less
+metadata than the fixed part, with an empty layer range, a sign byte that is not 0 or 1 (or 1 under an
+id that would be below -2**63) or a request id that is not UTF-8, is a ``FrameError``.
 
 :class:`FrameDecoder` is sans-I/O: ``get_buffer``/``buffer_updated`` match ``asyncio.BufferedProtocol``
 and ``feed`` replays bytes (tests, fuzzing). Small reads land in a fixed staging buffer; a payload is
@@ -61,6 +79,12 @@ DIRECT_MIN = 64 * 1024
 _EMPTY = memoryview(b"")
 COMPACT = 0x01
 """Header flag of a compact ACK (see the module docstring)."""
+SMALL = 0x02
+"""Header flag of a small push: fixed-layout metadata (see the module docstring)."""
+_SMALL_META = struct.Struct("<QQIIdB")
+"""The fixed part of a small push's metadata: t, b mod 2**64, layer start, layer stop, x, b negative."""
+_2_64 = 1 << 64
+SMALL_META_SIZE = _SMALL_META.size
 
 
 class FrameType(IntEnum):
@@ -104,6 +128,9 @@ class Frame:
     checksum: int
     algo: ChecksumName
     intact: bool = True
+    checked: bool = False
+    """The metadata's fields were type-checked by the decoder (a small push, a compact ACK): handlers need not
+    check them again."""
 
     def release(self) -> None:
         if self.lease is not None:
@@ -126,10 +153,30 @@ def encode(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo:
     return b"".join((prefix, _CRC.pack(zlib.crc32(meta_b, zlib.crc32(prefix))), meta_b)), body
 
 
+_ACK_PREFIX = _PREFIX.pack(MAGIC, VERSION, FrameType.ACK, ALGO_IDS["xxh3"], COMPACT, 0, 0, 0)[:20]
+"""The first 20 bytes of every compact ACK ``encode_ack`` writes (the decoder recognises them without a Header)."""
+_ACK_TAIL = struct.Struct("<QI")
+"""A compact ACK's last 12 bytes: the transfer id and the header CRC."""
+
+
 def encode_ack(tid: int) -> bytes:
     """The compact ACK answering transfer ``tid`` with success (decoded as the map ``{t: tid, ok: true}``)."""
     prefix = _PREFIX.pack(MAGIC, VERSION, FrameType.ACK, ALGO_IDS["xxh3"], COMPACT, 0, 0, tid)
     return prefix + _CRC.pack(zlib.crc32(prefix))
+
+
+def encode_small_push(tid: int, block_id: int, layers: tuple[int, int], request_id: str, expires_at: float,
+                      payload: memoryview, checksum: int, algo: ChecksumName) -> bytes:
+    """Header and fixed metadata of a small push (see the module docstring); its payload is sent after it.
+
+    ``payload`` is a flat byte view and ``checksum`` its checksum under ``algo``; ``block_id`` is in
+    [-2**63, 2**64) as every block id. Raises ``struct.error`` when the transfer id or a layer does not
+    fit the fixed layout (the caller then sends a msgpack frame).
+    """
+    meta = _SMALL_META.pack(tid, block_id % _2_64, layers[0], layers[1], expires_at, block_id < 0) + request_id.encode()
+    prefix = _PREFIX.pack(MAGIC, VERSION, FrameType.PUSH_DATA, ALGO_IDS[algo], SMALL, len(meta), payload.nbytes,
+                          checksum)
+    return b"".join((prefix, _CRC.pack(zlib.crc32(meta, zlib.crc32(prefix))), meta))
 
 
 def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *, algo: ChecksumName = "xxh3",
@@ -242,6 +289,14 @@ class FrameDecoder:
             if self._state == self._HEAD:
                 if avail < HEADER_SIZE:
                     return
+                r = self._r
+                if self._stage_view[r:r + 20] == _ACK_PREFIX:  # a compact ACK (the common answer): no Header
+                    tid, crc = _ACK_TAIL.unpack_from(self._stage, r + 20)
+                    if zlib.crc32(self._stage_view[r:r + 28]) != crc:
+                        raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
+                    self._r = r + HEADER_SIZE
+                    out.append(Frame(FrameType.ACK, {"t": tid, "ok": True}, _EMPTY, None, 0, "xxh3", True, True))
+                    continue
                 self._parse_header(self._stage_view[self._r:self._r + HEADER_SIZE])
                 self._r += HEADER_SIZE
                 self._state = self._META
@@ -257,7 +312,8 @@ class FrameDecoder:
                 self._state = self._WAIT
             elif self._state == self._WAIT:
                 if self._payload_len == 0:
-                    out.append(Frame(self._type, self._meta, _EMPTY, None, 0, self._algo))
+                    out.append(Frame(self._type, self._meta, _EMPTY, None, 0, self._algo, True,
+                                     self._header is not None and self._header.small))
                     self._state = self._HEAD
                     continue
                 lease = self.pool.acquire(self._payload_len)
@@ -278,7 +334,8 @@ class FrameDecoder:
                 lease, self._lease = self._lease, None
                 view = lease.view
                 intact = checksum_of(self._algo, view) == self._psum
-                out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact))
+                out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact,
+                                 self._header is not None and self._header.small))
                 self._state = self._HEAD
 
     def _whole(self, out: list[Frame]) -> bool:
@@ -302,10 +359,11 @@ class FrameDecoder:
             view = lease.view
             view[:] = self._stage_view[body:body + n]
             self._r = body + n
-            out.append(Frame(h.type, meta, view, lease, h.checksum, h.algo, checksum_of(h.algo, view) == h.checksum))
+            out.append(Frame(h.type, meta, view, lease, h.checksum, h.algo, checksum_of(h.algo, view) == h.checksum,
+                             h.small))
         else:
             self._r = body
-            out.append(Frame(h.type, h.check_meta(self._stage_view[r:body]), _EMPTY, None, 0, h.algo))
+            out.append(Frame(h.type, h.check_meta(self._stage_view[r:body]), _EMPTY, None, 0, h.algo, True, h.small))
         self._state = self._HEAD
         return True
 
@@ -330,6 +388,8 @@ class Header:
     crc: int
     compact: bool = False
     """A compact ACK: ``checksum`` is the transfer id, the metadata is implied."""
+    small: bool = False
+    """A small push: the metadata has the fixed layout of the module docstring."""
 
     def check_meta(self, meta_b: bytes | memoryview) -> dict[str, Any]:
         """The metadata map, after checking the header CRC over header and metadata (FrameError if not)."""
@@ -337,6 +397,8 @@ class Header:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
         if self.compact:
             return {"t": self.checksum, "ok": True}
+        if self.small:
+            return _small_meta(meta_b)
         return _unpack_meta(meta_b)
 
 
@@ -351,15 +413,35 @@ def parse_header(head: bytes | memoryview, limits: Limits) -> Header:
         raise FrameError(f"unknown frame type {ftype}")
     if algo not in ALGO_NAMES:
         raise FrameError(f"unknown checksum algorithm id {algo}")
-    if flags != 0 and (flags != COMPACT or ftype != FrameType.ACK or meta_len or payload_len):
-        raise FrameError(f"unsupported frame flags {flags:#x}" + (" (compact is for an ACK without metadata or "
-                                                                   "payload)" if flags == COMPACT else ""))
+    if flags != 0 and not ((flags == COMPACT and ftype == FrameType.ACK and not meta_len and not payload_len)
+                           or (flags == SMALL and ftype == FrameType.PUSH_DATA and meta_len >= SMALL_META_SIZE)):
+        raise FrameError(f"unsupported frame flags {flags:#x}" + _FLAG_USE.get(flags, ""))
     if meta_len > limits.max_meta_bytes:
         raise FrameError(f"declared metadata length {meta_len} exceeds the cap {limits.max_meta_bytes}")
     if payload_len > limits.max_payload:
         raise FrameError(f"declared payload length {payload_len} exceeds the cap {limits.max_payload}")
     return Header(_TYPES[ftype], ALGO_NAMES[algo], meta_len, payload_len, psum, zlib.crc32(head[:28]), hcrc,
-                  flags == COMPACT)
+                  flags == COMPACT, flags == SMALL)
+
+
+_FLAG_USE = {COMPACT: " (compact is for an ACK without metadata or payload)",
+             SMALL: f" (small is for a PUSH_DATA with at least {SMALL_META_SIZE} bytes of metadata)"}
+
+
+def _small_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
+    """A small push's fixed metadata as the map a msgpack PUSH_DATA of one block carries (types checked)."""
+    t, b, start, stop, x, negative = _SMALL_META.unpack_from(meta_b)
+    if start >= stop:
+        raise FrameError(f"small push layer range [{start}, {stop}] is empty")
+    if negative:
+        if negative != 1 or b < _2_64 >> 1:
+            raise FrameError(f"small push block id sign byte {negative} does not fit id {b}")
+        b -= _2_64
+    try:
+        r = str(meta_b[SMALL_META_SIZE:], "utf-8")
+    except UnicodeDecodeError as e:
+        raise FrameError("small push request id is not UTF-8") from e
+    return {"t": t, "i": 0, "b": b, "l": [start, stop], "r": r, "n": 1, "c": True, "x": x}
 
 
 def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:

@@ -143,9 +143,8 @@ class FramedTransport(EndpointBase):
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
         self._check_open()
-        what = Described(self.name, "push", request_id, "to", address)
         start = self.clock.now_ms()
-        dl = self.deadline(deadline_ms)
+        dl = start + self.options.default_timeout_ms if deadline_ms is None else deadline_ms
         timeout_s = self.clock.to_wall_s(dl - start)
         expires_at = time.time() + timeout_s
         progress = Progress()
@@ -156,13 +155,13 @@ class FramedTransport(EndpointBase):
                     and client.budget.try_acquire(blocks[0].payload.nbytes)):
                 try:
                     wall = await client.push_small(request_id, blocks[0], expires_at, progress, max(0.0, timeout_s),
-                                                   what)
+                                                   address)
                 except TransportError as e:
                     e.maybe_delivered = progress.unknown
                     raise
                 return self._record("push", request_id, address.site, blocks, start, wall)
         try:
-            async with within(self.clock, dl, what):
+            async with within(self.clock, dl, Described(self.name, "push", request_id, "to", address)):
                 client = await self._client(address)
                 wall = await client.push(request_id, blocks, gate, expires_at, progress)
         except TransportError as e:
@@ -213,6 +212,8 @@ class FramedTransport(EndpointBase):
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         await self._serving_stopped()
+        for client in self._clients.values():
+            client.close()
         self._clients.clear()
         self.inbox.close()
         self.offers.clear()

@@ -7,11 +7,14 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import math
+import struct
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from transport.base import (
+    Address,
     Block,
     BlockId,
     FrameError,
@@ -24,11 +27,13 @@ from transport.base import (
     TransportError,
     error_from_wire,
 )
+from transport.checksum import checksum_of, pick
 from transport.connection import YIELD_BYTES, Connection
-from transport.endpoint import ByteBudget
+from transport.endpoint import ByteBudget, Described
 from transport.frame import (
     Frame,
     FrameType,
+    encode_small_push,
     field_int,
     field_layers,
 )
@@ -81,13 +86,17 @@ class Pending:
 
 class Reply:
     """A small push's wait for its one answer: a single future, resolved by the answer frame, failed by a
-    lost connection or by the push's deadline timer (the fast path's stand-in for ``Pending`` and ``within``)."""
+    lost connection or, once the loop's clock passes ``due``, by its client's deadline sweep (the fast
+    path's stand-in for ``Pending`` and ``within``)."""
 
-    __slots__ = ("fut",)
+    __slots__ = ("address", "due", "fut", "request_id")
     kind = "push"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, due: float, request_id: RequestId, address: Address) -> None:
         self.fut: asyncio.Future[tuple[FrameType, dict[str, Any]]] = loop.create_future()
+        self.due = due
+        self.request_id = request_id
+        self.address = address
 
     def resolve(self, ftype: FrameType, meta: dict[str, Any]) -> None:
         if not self.fut.done():
@@ -113,7 +122,13 @@ class Progress:
 
 
 class Client:
-    """The initiator's connection to one peer and its transfers in flight."""
+    """The initiator's connection to one peer and its transfers in flight.
+
+    Small pushes' deadlines share one timer (a timer per push costs a uvloop call_later and cancel,
+    about 2 us, per push): it is set for the earliest deadline among them, and when it fires it fails
+    every small push past its deadline and sets itself for the next one. A push that ends first just
+    leaves ``pending``; the timer then finds nothing to fail.
+    """
 
     def __init__(self, owner: FramedTransport, location: str) -> None:
         self.owner = owner
@@ -122,6 +137,37 @@ class Client:
         self.budget = ByteBudget(owner.inflight_bytes)
         self.ids = itertools.count(1)
         self.conn: Connection | None = None
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        """Make sure the deadline sweep runs by ``due`` (loop time)."""
+        if due < self._sweep_at:
+            if self._sweep is not None:
+                self._sweep.cancel()
+            self._sweep_at = due
+            self._sweep = loop.call_at(due, self._expire_due, loop)
+
+    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The deadline sweep: fail the small pushes past their deadline, then wait for the next deadline."""
+        self._sweep, self._sweep_at = None, math.inf
+        now = loop.time()
+        nxt = math.inf
+        for p in list(self.pending.values()):
+            if isinstance(p, Reply) and not p.fut.done():
+                if p.due <= now:
+                    what = Described(self.owner.name, "push", p.request_id, "to", p.address)
+                    p.fail(TransferTimeout(f"{what}: missed its deadline"))
+                else:
+                    nxt = min(nxt, p.due)
+        if nxt < math.inf:
+            self._watch(loop, nxt)
+
+    def close(self) -> None:
+        """Stop the deadline sweep (the transport is closing; its connections fail what is pending)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep, self._sweep_at = None, math.inf
 
     @property
     def alive(self) -> bool:
@@ -129,7 +175,7 @@ class Client:
 
     # handler interface
     def on_frame(self, f: Frame) -> None:
-        t = field_int(f.meta, "t")
+        t = f.meta["t"] if f.checked else field_int(f.meta, "t")
         p = self.pending.get(t)
         if f.type in (FrameType.ACK, FrameType.PULL_HEAD, FrameType.PULL_END):
             if p is not None:
@@ -158,6 +204,7 @@ class Client:
         return True
 
     def on_lost(self, exc: BaseException | None) -> None:
+        self.close()
         for p in self.pending.values():
             p.fail(PeerGone(f"connection to {self.location} lost" + (f" ({exc})" if exc else "")))
 
@@ -178,9 +225,10 @@ class Client:
                 self.conn.send(FrameType.CANCEL, {"t": tid})
 
     async def push_small(self, request_id: RequestId, block: Block, expires_at: float, progress: Progress,
-                         timeout_s: float, what: object) -> float:
-        """The small-push fast path: one frame (header, metadata and payload in one write), one future for the
-        answer, a timer for the deadline; no task, no staging, no wait for budget or buffer space.
+                         timeout_s: float, address: Address) -> float:
+        """The small-push fast path: one small-push frame (fixed metadata, no msgpack; header, metadata and
+        payload in one write), one future for the answer, a timer for the deadline; no task, no staging, no
+        wait for budget or buffer space.
 
         The caller checked that the connection is ready and took ``block``'s bytes from the budget
         (:meth:`transport.endpoint.ByteBudget.try_acquire`); they go back here. Same frames, answers
@@ -192,14 +240,27 @@ class Client:
         n = block.payload.nbytes
         tid = next(self.ids)
         loop = asyncio.get_running_loop()
-        reply = self.pending[tid] = Reply(loop)
-        timer = loop.call_later(timeout_s, _expire, reply, what)
+        due = loop.time() + timeout_s
+        reply = self.pending[tid] = Reply(loop, due, request_id, address)
+        self._watch(loop, due)
         answered = False
         t0 = time.perf_counter()
         try:
-            conn.send(FrameType.PUSH_DATA, {"t": tid, "i": 0, "b": block.block_id, "l": list(block.layers),
-                                            "r": request_id, "n": 1, "c": True, "x": expires_at},
-                      block=block, algo=self.owner.options.checksum)
+            payload = block.payload
+            if block.checksum is not None:
+                algo, checksum = block.checksum_algo, block.checksum
+            else:
+                algo = pick(self.owner.options.checksum, n)
+                checksum = checksum_of(algo, payload) if n else 0
+            try:
+                head = encode_small_push(tid, block.block_id, block.layers, request_id, expires_at, payload, checksum,
+                                         algo)
+            except struct.error:  # an id or layer beyond the fixed layout: the same push as a msgpack frame
+                conn.send(FrameType.PUSH_DATA, {"t": tid, "i": 0, "b": block.block_id, "l": list(block.layers),
+                                                "r": request_id, "n": 1, "c": True, "x": expires_at},
+                          block=block, algo=algo)
+            else:
+                conn.send_encoded(head, payload)
             progress.commit_sent = True
             ftype, meta = await reply.fut
             answered = progress.answered = True
@@ -209,7 +270,6 @@ class Client:
                 raise FrameError(f"expected ACK from {self.location}, got {ftype.name}")
             return time.perf_counter() - t0
         finally:
-            timer.cancel()
             if not answered:
                 self._cancel(tid)
             del self.pending[tid]
@@ -304,7 +364,3 @@ class Client:
             p.release()
             self.pending.pop(tid, None)
 
-
-def _expire(reply: Reply, what: object) -> None:
-    """A small push's deadline passed before its answer (the message ``within`` gives a missed deadline)."""
-    reply.fail(TransferTimeout(f"{what}: missed its deadline"))

@@ -76,10 +76,10 @@ class Server:
         self.serving: dict[int, asyncio.Task[None]] = {}
 
     def on_frame(self, f: Frame) -> None:
-        t = field_int(f.meta, "t")
+        t = f.meta["t"] if f.checked else field_int(f.meta, "t")
         ft = f.type
         if ft == FrameType.PUSH_DATA:
-            if f.meta.get("n") == 1 and f.meta.get("c") is True and t not in self.staged:
+            if (f.checked or (f.meta.get("n") == 1 and f.meta.get("c") is True)) and t not in self.staged:
                 self._push_one(t, f)  # the small-push fast path: one block, committed at once
                 return
             self._stage(t, f)
@@ -146,12 +146,16 @@ class Server:
         """A whole one-block push that commits at once: what ``_stage`` + ``_end`` + ``_deliver`` do,
         without staging it (no ``Staged``, no table entries), for the same checks and the same answers."""
         meta = f.meta
-        try:
-            i, b, layers = field_int(meta, "i"), field_int(meta, "b"), field_layers(meta)
-            request_id, expires_at = field_str(meta, "r"), _expiry(meta)
-        except FrameError:
-            f.release()
-            raise
+        if f.checked:  # a small push frame: its decoder checked every field
+            i, b, (start, stop), request_id, expires_at = 0, meta["b"], meta["l"], meta["r"], meta["x"]
+            layers = (start, stop)
+        else:
+            try:
+                i, b, layers = field_int(meta, "i"), field_int(meta, "b"), field_layers(meta)
+                request_id, expires_at = field_str(meta, "r"), _expiry(meta)
+            except FrameError:
+                f.release()
+                raise
         err: TransportError | None = None
         if i != 0:
             err = FrameError(f"push block #{i} arrived out of order")

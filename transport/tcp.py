@@ -177,19 +177,23 @@ class FrameConnection(asyncio.BufferedProtocol):
                                 algo=block.checksum_algo if block.checksum is not None else pick(algo, block.nbytes))
         else:
             head, body = encode(ftype, meta, payload, algo=pick(algo, 0 if payload is None else payload.nbytes))
-        if body.nbytes == 0:
-            self.transport.write(head)
-        elif body.nbytes < SMALL_WRITE:
-            self.transport.write(head + body)  # one write (and syscall) for a small frame
-        else:
-            self.transport.write(head)
-            self.transport.write(body)
+        self._write(head, body)
 
-
-    def send_encoded(self, frame: bytes) -> None:
+    def send_encoded(self, head: bytes, body: memoryview | None = None) -> None:
         if self.transport is None or self.transport.is_closing():
             raise PeerGone("connection closed")
-        self.transport.write(frame)
+        self._write(head, body)
+
+    def _write(self, head: bytes, body: memoryview | None) -> None:
+        t = self.transport
+        assert t is not None
+        if body is None or body.nbytes == 0:
+            t.write(head)
+        elif body.nbytes < SMALL_WRITE:
+            t.write(head + body)  # one write (and syscall) for a small frame
+        else:
+            t.write(head)
+            t.write(body)
 
 
 class TcpTransport(FramedTransport):

@@ -174,6 +174,15 @@ class UcxConnection:
                                 algo=block.checksum_algo if block.checksum is not None else pick(algo, block.nbytes))
         else:
             head, body = encode(ftype, meta, payload, algo=pick(algo, 0 if payload is None else payload.nbytes))
+        self._queue(head, body)
+
+    def send_encoded(self, head: bytes, body: memoryview | None = None) -> None:
+        """Queue a frame already encoded (a compact ACK, a small push), as ``send`` queues one it encoded."""
+        if self._closed:
+            raise PeerGone("connection closed")
+        self._queue(head, _EMPTY if body is None else body)
+
+    def _queue(self, head: bytes, body: memoryview) -> None:
         inline = body.nbytes <= INLINE_MAX
         size = len(head) + (body.nbytes if inline else 0)
         if self._batch_bytes + size > self._ctrl_size - _BATCH_LEN.size:
@@ -190,20 +199,6 @@ class UcxConnection:
             self.w.loop.call_soon(self._flush)
         if self._queued > WRITE_HIGH_WATER:
             self._space.clear()
-
-    def send_encoded(self, frame: bytes) -> None:
-        """Queue a frame encoded whole (a compact ACK) into the control batch, as ``send`` queues a header."""
-        if self._closed:
-            raise PeerGone("connection closed")
-        size = len(frame)
-        if self._batch_bytes + size > self._ctrl_size - _BATCH_LEN.size:
-            self._flush()
-        self._batch.append(frame)
-        self._batch_bytes += size
-        self._queued += size
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.w.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """Post the control batch: its length, then its frames back to back."""
@@ -339,10 +334,10 @@ class UcxConnection:
                 if slot.lease is not None:
                     view = slot.lease.view
                     frame = Frame(h.type, slot.meta, view, slot.lease, h.checksum, h.algo,
-                                  checksum_of(h.algo, view) == h.checksum)
+                                  checksum_of(h.algo, view) == h.checksum, h.small)
                     slot.lease = None
                 else:
-                    frame = Frame(h.type, slot.meta, _EMPTY, None, 0, h.algo)
+                    frame = Frame(h.type, slot.meta, _EMPTY, None, 0, h.algo, True, h.small)
                 try:
                     self.handler.on_frame(frame)
                 except FrameError as e:

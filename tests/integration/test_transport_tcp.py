@@ -240,6 +240,15 @@ async def test_small_pushes_keep_every_guarantee_on_the_fast_path(pair, clock: C
         with pytest.raises(TransferTimeout) as missed:
             await a.push(mute, R, small, deadline_ms=clock.now_ms() + 50)
         assert missed.value.maybe_delivered and "missed its deadline" in str(missed.value)
+    # small pushes share one deadline timer: the earlier deadline fails first (or with the later one, when the
+    # loop wakes after both), each typed, whatever order they started in
+    late = asyncio.ensure_future(a.push(mute, R, small, deadline_ms=clock.now_ms() + 200))
+    early = asyncio.ensure_future(a.push(mute, R, small, deadline_ms=clock.now_ms() + 20))
+    done, _ = await asyncio.wait([late, early], return_when=asyncio.FIRST_COMPLETED)
+    assert early in done
+    for missed_push in (early, late):
+        with pytest.raises(TransferTimeout, match="missed its deadline"):
+            await missed_push
     stuck = asyncio.ensure_future(a.push(mute, R, small))
     await asyncio.sleep(0.01)
     stuck.cancel()
@@ -249,6 +258,20 @@ async def test_small_pushes_keep_every_guarantee_on_the_fast_path(pair, clock: C
     a.abort_connections(mute)
     server.close()
     await server.wait_closed()
+
+
+async def test_small_pushes_carry_any_block_id_layer_range_and_request_id(pair) -> None:
+    """The small-push frame's fixed layout holds every block id (negative ones too); a layer past 32 bits
+    goes as a msgpack frame instead. Either way the block arrives as sent."""
+    a, b, addr = pair
+    payload = np.arange(4096, dtype=np.uint8)
+    cases = [(0, (0, 1), "r0"), (-(2**63), (3, 7), ""), (2**64 - 1, (0, 80), "réq-☃"), (5, (2**32, 2**32 + 1), "r3")]
+    for bid, layers, rid in cases:
+        sent = [Block.of(bid, payload, layers)]
+        await a.push(addr, RequestId(rid), sent)
+        with await b.receive(RequestId(rid)) as got:
+            assert same(got.blocks, sent)
+    assert a.connects == 1
 
 
 async def test_cancellation_returns_every_buffer(pair) -> None:

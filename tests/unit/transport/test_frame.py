@@ -7,8 +7,19 @@ import struct
 import pytest
 
 from transport.base import FrameError
-from transport.checksum import ChecksumName
-from transport.frame import HEADER_SIZE, MAGIC, FrameDecoder, FrameType, Limits, encode_ack, encode_bytes
+from transport.checksum import ChecksumName, checksum_of
+from transport.frame import (
+    HEADER_SIZE,
+    MAGIC,
+    SMALL,
+    SMALL_META_SIZE,
+    FrameDecoder,
+    FrameType,
+    Limits,
+    encode_ack,
+    encode_bytes,
+    encode_small_push,
+)
 from transport.pool import BufferPool
 
 
@@ -163,3 +174,78 @@ def test_compact_ack_decodes_as_a_success_answer_and_its_id_is_crc_checked() -> 
     bad[20] ^= 1  # another transfer id under the same CRC
     with pytest.raises(FrameError, match="header checksum"):
         decoder().feed(bytes(bad))
+
+
+def small_push(tid: int = 9, block_id: int = -3, layers: tuple[int, int] = (2, 5), rid: str = "réq",
+               payload: bytes = b"kv" * 2048, x: float = 1e9) -> bytes:
+    body = memoryview(payload)
+    return encode_small_push(tid, block_id, layers, rid, x, body, checksum_of("xxh3", body), "xxh3") + payload
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 33, 4096, 1 << 20])
+def test_small_push_decodes_as_a_checked_one_block_push(chunk: int) -> None:
+    ids = [0, -3, -(2**63), 2**63, 2**64 - 1]
+    stream = b"".join(small_push(tid=i, block_id=b, rid=f"r{i}", payload=bytes([i]) * (100 + i))
+                      for i, b in enumerate(ids))
+    stream += small_push(tid=7, rid="", payload=b"")
+    frames = feed_in_chunks(decoder(), stream, chunk)
+    assert [f.meta for f in frames] == [
+        *({"t": i, "i": 0, "b": b, "l": [2, 5], "r": f"r{i}", "n": 1, "c": True, "x": 1e9} for i, b in enumerate(ids)),
+        {"t": 7, "i": 0, "b": -3, "l": [2, 5], "r": "", "n": 1, "c": True, "x": 1e9}]
+    for i, f in enumerate(frames[:-1]):
+        assert f.type == FrameType.PUSH_DATA and f.checked and f.intact and bytes(f.payload) == bytes([i]) * (100 + i)
+        f.release()
+    assert frames[-1].checked and frames[-1].payload.nbytes == 0
+
+
+def test_small_push_refuses_ids_beyond_its_layout() -> None:
+    with pytest.raises(struct.error):
+        small_push(layers=(0, 2**32))
+    with pytest.raises(struct.error):
+        small_push(tid=2**64)
+
+
+def test_a_corrupt_small_push_payload_is_flagged_and_the_stream_continues() -> None:
+    bad = bytearray(small_push())
+    bad[-10] ^= 0x01
+    frames = decoder().feed(bytes(bad) + small_push(tid=10))
+    assert [(f.meta["t"], f.intact) for f in frames] == [(9, False), (10, True)]
+    for f in frames:
+        f.release()
+
+
+def _small_with_meta(meta: bytes, ftype: int = FrameType.PUSH_DATA) -> bytes:
+    import zlib
+
+    prefix = struct.pack("<4sBBBBIQQ", MAGIC, 1, ftype, 3, SMALL, len(meta), 0, 0)
+    return prefix + struct.pack("<I", zlib.crc32(meta, zlib.crc32(prefix))) + meta
+
+
+FIXED = struct.Struct("<QQIIdB")
+
+
+@pytest.mark.parametrize(("wire", "message"), [
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 0)[:-1]), "small is for a PUSH_DATA"),  # short metadata
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 0), FrameType.PUSH_END), "small is for a PUSH_DATA"),
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 0), FrameType.ACK), "flags"),
+    (_small_with_meta(FIXED.pack(1, 5, 3, 3, 0.0, 0)), "layer range"),
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 2)), "sign byte"),
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 1)), "sign byte"),  # negative, but below -2**63
+    (_small_with_meta(FIXED.pack(1, 5, 0, 1, 0.0, 0) + b"\xff\xfe"), "UTF-8"),
+    (small_push()[:40] + bytes([small_push()[40] ^ 1]) + small_push()[41:], "header checksum"),  # meta under the CRC
+])
+def test_malformed_small_pushes_raise_frame_error(wire: bytes, message: str) -> None:
+    dec = decoder()
+    with pytest.raises(FrameError, match=message):
+        dec.feed(wire)
+    assert dec.pool.leases == 0
+    assert FIXED.size == SMALL_META_SIZE
+
+
+def test_a_compact_ack_with_another_algorithm_id_still_decodes() -> None:
+    """The decoder's shortcut matches the ACKs this side writes; other valid compact ACKs take the general path."""
+    import zlib
+
+    prefix = struct.pack("<4sBBBBIQQ", MAGIC, 1, FrameType.ACK, 1, 1, 0, 0, 42)
+    [f] = decoder().feed(prefix + struct.pack("<I", zlib.crc32(prefix)))
+    assert f.meta == {"t": 42, "ok": True}
