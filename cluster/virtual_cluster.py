@@ -35,6 +35,7 @@ from cluster.router.app import default_prefill_estimate
 from cluster.router.choice import Chooser, RoutedRequest
 from cluster.router.regions import Topology
 from cluster.router.tiers import catalog_pricing
+from cluster.router.timing import CostModelTiming
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config import default_catalog
 from config.cluster import ClusterSpec, RouterSpec
@@ -89,7 +90,7 @@ class VirtualCluster:
                                       block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                                       free_blocks=cfg.num_blocks, feed_connected=True))
         router_spec: RouterSpec = spec.router.model_copy(update={"policy": policy}) if policy else spec.router
-        self.view = ClusterView(workers, now=lambda: clock.now_ms() / 1000.0)
+        self.view = ClusterView(workers, now=lambda: clock.now_ms() / 1000.0, timing=CostModelTiming())
         estimate = default_prefill_estimate()
         link = (spec.kv_store.link if spec.kv_store is not None else None) or spec.transport.intra_region_link
         self.chooser = Chooser(router_spec, self.view, Topology(), estimate, random.Random(seed),

@@ -34,7 +34,6 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from actors.clock import Clock
-from actors.cost_model import RooflineCostModel, StepShape
 from actors.openai_api import ApiError, parse_json_object
 from cluster.router.attempt import Attempts, RouterClock
 from cluster.router.choice import Chooser, RoutedRequest
@@ -48,6 +47,7 @@ from cluster.router.proxy import DISCONNECTS, ColocatedFlow, Proxied
 from cluster.router.regions import PrefillEstimate, Topology
 from cluster.router.relay import Relay, StreamState
 from cluster.router.tiers import catalog_pricing
+from cluster.router.timing import CostModelTiming, WorkerTiming
 from cluster.router.upstream import AiohttpUpstream, Upstream, UpstreamLimits
 from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import ClusterSpec, DisaggSpec, RouterSpec
@@ -82,7 +82,7 @@ class RouterServer:
     def __init__(self, workers: list[WorkerInfo], spec: RouterSpec | None = None, *,
                  site: RouterSite | None = None, clock: RouterClock | None = None,
                  rng: random.Random | None = None, upstream: Upstream | None = None,
-                 prefill_ms: PrefillEstimate | None = None) -> None:
+                 prefill_ms: PrefillEstimate | None = None, timing: WorkerTiming | None = None) -> None:
         self.spec = spec = spec or RouterSpec()
         self.site = site = site or RouterSite()
         self.clock: RouterClock = clock or Clock(1.0, spin_ms=0)
@@ -93,7 +93,7 @@ class RouterServer:
         self.attempts = Attempts(self.metrics, site.topology, self.clock)
         self.view = ClusterView(workers, RoutingConfig(health_timeout_s=spec.health_timeout_s,
                                                        require_feed=spec.index_mode == "events"),
-                                self.attempts.wall_now)
+                                self.attempts.wall_now, timing if timing is not None else CostModelTiming())
         for w in workers:
             w.breaker.threshold, w.breaker.cooldown_s = spec.breaker_threshold, spec.breaker_cooldown_s
         estimate = prefill_ms or default_prefill_estimate()
@@ -340,21 +340,12 @@ class RouterServer:
 
 
 def default_prefill_estimate() -> Callable[[WorkerInfo, int, int], float]:
-    """Prefill time of a worker from its roofline cost model (catalog presets), cached per worker type."""
-    from config.catalog import default_catalog
-
-    cat = default_catalog()
-    models: dict[tuple[str, str, int], RooflineCostModel | None] = {}
+    """Prefill time of a worker from its roofline cost model (catalog presets, ``timing.CostModelTiming``); a
+    worker type the catalog does not know gets a nominal 10k tokens per ms, so distance dominates."""
+    timing = CostModelTiming()
 
     def est(w: WorkerInfo, new: int, cached: int) -> float:
-        key = (w.model, w.hardware, w.tp)
-        if key not in models:
-            ok = w.model in cat.models and w.hardware in cat.hardware
-            models[key] = RooflineCostModel(cat.hardware.get(w.hardware), cat.models.get(w.model), w.tp) if ok \
-                else None
-        cm = models[key]
-        if cm is None:
-            return new / 10_000.0  # unknown engine: a nominal 10k tokens per ms so distance dominates
-        return cm.step(StepShape.of(prefills=[(new, cached)])).total_ms
+        ms = timing.prefill_ms(w, new, cached)
+        return new / 10_000.0 if ms is None else ms
 
     return est

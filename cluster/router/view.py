@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NewType
+from typing import Any, NewType, Protocol
 
 WorkerId = NewType("WorkerId", str)
 
@@ -112,6 +112,18 @@ class WorkerInfo:
         return max(self.inflight, self.running + self.waiting)
 
 
+class WorkerTiming(Protocol):
+    """A worker's step times as the router estimates them (``cluster.router.timing.CostModelTiming``)."""
+
+    def block_ms(self, w: WorkerInfo) -> float | None:
+        """Emulated ms to prefill one KV block on ``w`` (None: unknown)."""
+        ...
+
+    def decode_step_ms(self, w: WorkerInfo, seqs: int, context_tokens: int) -> float | None:
+        """Emulated ms of one decode step of ``seqs`` sequences holding ``context_tokens`` in all (None: unknown)."""
+        ...
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     health_timeout_s: float = 2.0
@@ -122,12 +134,14 @@ class RoutingConfig:
 
 
 class ClusterView:
-    """Workers by name; joins and leaves at run time."""
+    """Workers by name; joins and leaves at run time. ``timing``: the workers' step times as the router
+    estimates them (``cluster.router.timing``; None: unknown, policies that price time leave it out)."""
 
     def __init__(self, workers: list[WorkerInfo], cfg: RoutingConfig | None = None,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, timing: WorkerTiming | None = None) -> None:
         self.cfg = cfg or RoutingConfig()
         self.now = now
+        self.timing = timing
         self.workers: dict[WorkerId, WorkerInfo] = {w.name: w for w in workers}
         self._models: frozenset[str] | None = None
 

@@ -34,15 +34,32 @@ request still moves when the holder's queue outweighs both terms. The overlap co
 and the KV events have not confirmed yet (``prefix_index.InflightPrefixes``), so a burst for a new prefix does
 not scatter while the first of it is prefilling.
 
-Near ties. Where the cheapest workers hold the same overlap and their costs differ by less than one request's
-KV footprint (its prompt and ``max_tokens`` blocks, ``near_tie_requests`` of them: a decode that ends in a few
-steps), the one this policy has sent the fewest blocks to compute so far goes first (then cost, then name).
+Waiting behind the current step. A request sent to an idle worker is planned at once; one sent to a busy worker
+waits for the rest of the running step (half of it on average) and, with async scheduling, for the step already
+planned behind it: ``steps_ahead`` (default 1.5) decode steps of the worker's batch, from the router's cost-model
+step times (``ClusterView.timing``, ``cluster.router.timing``) and its own count of open requests (or the
+reported running and waiting ones, if more), added to ``prefill(w)`` in prefill blocks::
+
+    wait(w) = 0 if w has no request, else steps_ahead x decode_step_ms(w's requests, KV in use) / block_ms(w)
+
+About 28 prefill blocks (~10 ms at 8B on an H100) for a miss of 136: a running decode's own ~137 used blocks
+no longer make a busy worker tie with an idle one (without it, kv_aware sent some misses to a decoding worker
+while another sat idle, 47 -> 56-62 ms, its TTFT p99 on the prefix-heavy sweep). Without timing (a worker type
+the catalog does not know) the term is 0.
+
+Near ties. Where the cheapest workers before the wait hold the same overlap and their costs differ by less than
+one request's KV footprint (its prompt and ``max_tokens`` blocks, ``near_tie_requests`` of them: a decode that
+ends in a few steps), balance decides: the workers whose blocks computed so far (this policy's own count,
+``on_routed``, cumulative) are within ``balance_requests`` (0.5) footprints of the least are balanced, and among
+them the cheapest with the wait goes first; the others follow, fewest computed first (then cost, then name).
 A request placed on a worker makes it the home of its prefix, which then draws that prefix's later requests
 (the duplicate term keeps them there), so a miss decided by a momentary decode or by name order piles homes on
 one worker: on the prefix-heavy part of ``bench/router.py`` at a working set of one engine's cache, the 8
 prefixes landed 3/2/2/1 on 4 workers (one served 146 of 300 requests, another none) and TTFT mean was 5% over
-sgl-router's; with the blocks computed as the tie-break they land 2/2/2/2. The count is the policy's own
-(``on_routed``), cumulative: a worker that joins late wins near ties until it has computed its share.
+sgl-router's; with the blocks computed as the tie-break they land 2/2/2/2. The wait alone (idle first whatever
+the balance) did the same: 38 against 108 requests, TTFT mean 4% worse at that point; so it decides only
+between balanced workers (``bench/router.py --parts prefix-virtual``, 4 seeds: TTFT p99 at 2x seed 1
+56.2 -> 47.3 ms, no point's mean worse). A worker that joins late wins near ties until it has computed its share.
 """
 
 from __future__ import annotations
@@ -75,6 +92,12 @@ class KVAware(PolicyBase):
         """Weight of a block the request would copy from another worker's cache into this one's."""
         near_tie_requests: float = Field(default=1.0, ge=0)
         """Costs closer than this many of the request's KV footprints are near ties (0: exact ties only)."""
+        balance_requests: float = Field(default=0.5, ge=0)
+        """Near ties whose blocks computed are within this many of the request's footprints of the least are
+        balanced: among them the wait decides (0: the least computed always goes first)."""
+        steps_ahead: float = Field(default=1.5, ge=0)
+        """Steps a request sent to a busy worker waits before its own: the rest of the running one (half on
+        average) and the one async scheduling planned ahead (0.5 for synchronous engines; 0: no wait term)."""
 
     name = "kv_aware"
     reason = "kv_cost"
@@ -87,20 +110,38 @@ class KVAware(PolicyBase):
         self.temperature = params.temperature
         self.duplicate_weight = params.duplicate_weight
         self.near_tie = params.near_tie_requests
+        self.steps_ahead = params.steps_ahead
+        self.balance = params.balance_requests
         self.computed: dict[WorkerId, int] = {}
         """Prompt blocks this policy sent each worker to compute (its count of what it routed, never reset)."""
 
-    def cost(self, w: WorkerInfo, ctx: RequestContext, best_overlap: int = 0) -> float:
+    def cost(self, w: WorkerInfo, ctx: RequestContext, best_overlap: int = 0, wait: float = 0.0) -> float:
         held = ctx.overlap.get(w.name, 0) + ctx.tier_hits.get(w.name, 0)
         new = max(0, ctx.num_blocks - held) + ctx.tier_load_blocks.get(w.name, 0.0)
         backlog = max(w.prefill_backlog_tokens / max(1, w.block_size) + w.pending_blocks, w.prefilling_blocks)
-        return self.weight * (new + backlog) + w.used_blocks + self.duplicate_weight * max(0, best_overlap - held)
+        return self.weight * (new + backlog + wait) + w.used_blocks \
+            + self.duplicate_weight * max(0, best_overlap - held)
+
+    def wait_blocks(self, w: WorkerInfo, view: ClusterView) -> float:
+        """The wait behind ``w``'s current work before a new request's first step, in prefill blocks: none on
+        an idle worker; on a busy one ``steps_ahead`` decode steps of its batch (the router's open requests or
+        the reported running and waiting ones, whichever is more, over the KV it reports in use)."""
+        seqs = w.load
+        timing = view.timing
+        if seqs <= 0 or self.steps_ahead <= 0 or timing is None:
+            return 0.0
+        block = timing.block_ms(w)
+        step = timing.decode_step_ms(w, seqs, w.used_blocks * w.block_size)
+        if not block or step is None:
+            return 0.0
+        return self.steps_ahead * step / block
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         best = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
-        costs = {w.name: self.cost(w, ctx, best) for w in candidates}
+        waits = {w.name: self.wait_blocks(w, view) for w in candidates}
+        costs = {w.name: self.cost(w, ctx, best, waits[w.name]) for w in candidates}
         ordered = self.near_ties(sorted(candidates, key=lambda w: (costs[w.name], -ctx.overlap.get(w.name, 0),
-                                                                   w.load, w.name)), costs, ctx)
+                                                                   w.load, w.name)), costs, ctx, waits)
         self.reason = "cache_hit" if best and ctx.overlap.get(ordered[0].name, 0) == best \
             else "load"
         if self.temperature <= 0 or len(ordered) == 1:
@@ -111,18 +152,25 @@ class KVAware(PolicyBase):
         pick = self.rng.choices(range(len(ordered)), weights=weights)[0]
         return [ordered[pick], *ordered[:pick], *ordered[pick + 1:]]
 
-    def near_ties(self, ordered: list[WorkerInfo], costs: dict[WorkerId, float],
-                  ctx: RequestContext) -> list[WorkerInfo]:
-        """``ordered`` (by cost) with the near ties of its first worker first, fewest blocks computed first."""
-        top = ordered[0]
+    def near_ties(self, ordered: list[WorkerInfo], costs: dict[WorkerId, float], ctx: RequestContext,
+                  waits: dict[WorkerId, float]) -> list[WorkerInfo]:
+        """``ordered`` (by cost) with the near ties of the cheapest worker before a wait first (see the module
+        docstring): those balanced within ``balance_requests`` footprints of the least computed, cheapest with
+        the wait first, then the others, fewest blocks computed first."""
+        load = {k: c - self.weight * waits[k] for k, c in costs.items()}
+        top = min(ordered, key=lambda w: load[w.name])
         overlap = ctx.overlap.get(top.name, 0)
-        slack = self.near_tie * footprint_blocks(ctx, top.block_size)
+        footprint = footprint_blocks(ctx, top.block_size)
+        slack = self.near_tie * footprint
         near = [w for w in ordered
                 if ctx.overlap.get(w.name, 0) == overlap
-                and (costs[w.name] - costs[top.name] < slack or costs[w.name] == costs[top.name])]
+                and (load[w.name] - load[top.name] < slack or load[w.name] == load[top.name])]
         if len(near) < 2:
             return ordered
-        near.sort(key=lambda w: (self.computed.get(w.name, 0), costs[w.name], w.name))
+        computed = {w.name: self.computed.get(w.name, 0) for w in near}
+        even = min(computed.values()) + self.balance * footprint
+        near.sort(key=lambda w: (0, costs[w.name], computed[w.name], w.name) if computed[w.name] <= even
+                  else (1, computed[w.name], costs[w.name], w.name))
         return near + [w for w in ordered if w not in near]
 
     def on_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
