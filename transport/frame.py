@@ -290,12 +290,15 @@ class FrameDecoder:
                 if avail < HEADER_SIZE:
                     return
                 r = self._r
-                if self._stage_view[r:r + 20] == _ACK_PREFIX:  # a compact ACK (the common answer): no Header
+                flags = self._stage[r + 7]
+                if flags == COMPACT and self._stage_view[r:r + 20] == _ACK_PREFIX:  # the common answer: no Header
                     tid, crc = _ACK_TAIL.unpack_from(self._stage, r + 20)
                     if zlib.crc32(self._stage_view[r:r + 28]) != crc:
                         raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
                     self._r = r + HEADER_SIZE
                     out.append(Frame(FrameType.ACK, {"t": tid, "ok": True}, _EMPTY, None, 0, "xxh3", True, True))
+                    continue
+                if flags == SMALL and self._small(out, r):
                     continue
                 self._parse_header(self._stage_view[self._r:self._r + HEADER_SIZE])
                 self._r += HEADER_SIZE
@@ -365,6 +368,34 @@ class FrameDecoder:
             self._r = body
             out.append(Frame(h.type, h.check_meta(self._stage_view[r:body]), _EMPTY, None, 0, h.algo, True, h.small))
         self._state = self._HEAD
+        return True
+
+    def _small(self, out: list[Frame], r: int) -> bool:
+        """Decode the small push staged whole at ``r`` in one step, without a Header (the common KV push);
+        False (nothing consumed) when it is not staged whole, the pool has no buffer, or its header is
+        not a valid small push: the general path then decodes it, waits, or says what is wrong."""
+        magic, version, ftype, algo, _, meta_len, n, psum, crc = HEADER.unpack_from(self._stage, r)
+        body = r + HEADER_SIZE + meta_len
+        if (magic != MAGIC or version != VERSION or ftype != FrameType.PUSH_DATA or algo not in ALGO_NAMES
+                or not SMALL_META_SIZE <= meta_len <= self.limits.max_meta_bytes or n > self.limits.max_payload
+                or body + n > self._w):
+            return False
+        view = self._stage_view
+        if zlib.crc32(view[r + HEADER_SIZE:body], zlib.crc32(view[r:r + 28])) != crc:
+            raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
+        meta = _small_meta(view[r + HEADER_SIZE:body])
+        name = ALGO_NAMES[algo]
+        if n:
+            lease = self.pool.acquire(n)
+            if lease is None:
+                return False
+            payload = lease.view
+            payload[:] = view[body:body + n]
+            out.append(Frame(FrameType.PUSH_DATA, meta, payload, lease, psum, name, checksum_of(name, payload) == psum,
+                             True))
+        else:
+            out.append(Frame(FrameType.PUSH_DATA, meta, _EMPTY, None, 0, name, True, True))
+        self._r = body + n
         return True
 
     def _parse_header(self, head: memoryview) -> None:

@@ -25,7 +25,7 @@ MIN_CLASS = 4096
 
 def size_class(n: int) -> int:
     """The buffer size that serves a request of ``n`` bytes."""
-    return max(MIN_CLASS, 1 << max(0, n - 1).bit_length())
+    return MIN_CLASS if n <= MIN_CLASS else 1 << (n - 1).bit_length()
 
 
 class Lease:
@@ -92,6 +92,8 @@ class BufferPool:
             buf = bytearray(c)
             self.allocated_bytes += c
             self.allocations += 1
+            if free is None:
+                self._free[c] = []  # where the buffer goes back to
         self.in_use_bytes += c
         self.leases += 1
         return Lease(self, buf, n)
@@ -114,9 +116,10 @@ class BufferPool:
         c = len(buf)
         self.in_use_bytes -= c
         self.leases -= 1
-        self._free.setdefault(c, []).append(buf)
-        for cb in list(self._listeners):
-            cb()
+        self._free[c].append(buf)
+        if self._listeners:
+            for cb in list(self._listeners):
+                cb()
 
     def _forget(self, buf: bytearray) -> None:
         c = len(buf)
