@@ -96,8 +96,9 @@ class EndpointBase:
     async def receive(self, request_id: RequestId, *, count: int = 1, deadline_ms: float | None = None) -> Delivery:
         """Wait until at least ``count`` pushed blocks of ``request_id`` are committed; take them all."""
         self._check_open()
-        if self.inbox.count(request_id) >= max(1, count):  # already here: no timer needed
-            return self.inbox.take(request_id)
+        here = self.inbox.take_if(request_id, count)
+        if here is not None:  # already here: no timer needed
+            return here
         async with within(self.clock, self.deadline(deadline_ms), f"receive {request_id!r}"):
             return await self.inbox.wait(request_id, count)
 

@@ -35,12 +35,15 @@ class Inbox:
                     lease.release()
             return
         table = self._entries.get(request_id)
-        if table is None:
-            table = self._entries[request_id] = {}
         held = self._leases.get(request_id)
         if held is None and (not leases or all(lease is None for lease in leases)):  # nothing to release, now or later
-            table.update({(b.block_id, b.layers): b for b in blocks})
+            if table is None:  # the common case: the request's first delivery
+                self._entries[request_id] = {(b.block_id, b.layers): b for b in blocks}
+            else:
+                table.update({(b.block_id, b.layers): b for b in blocks})
         else:
+            if table is None:
+                table = self._entries[request_id] = {}
             if held is None:
                 held = self._leases[request_id] = {}
             for i, b in enumerate(blocks):
@@ -62,6 +65,16 @@ class Inbox:
 
     def total_blocks(self) -> int:
         return sum(len(v) for v in self._entries.values())
+
+    def take_if(self, request_id: RequestId, count: int) -> Delivery | None:
+        """Take the request's blocks when at least ``count`` (at least 1) are in; None otherwise (one call
+        for what a receive that finds its blocks already here needs)."""
+        table = self._entries.get(request_id)
+        if table is None or len(table) < max(1, count):
+            return None
+        del self._entries[request_id]
+        held = self._leases.pop(request_id, None)
+        return Delivery(list(table.values()), () if held is None else list(held.values()))
 
     def take(self, request_id: RequestId) -> Delivery:
         table = self._entries.pop(request_id, None)

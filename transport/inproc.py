@@ -77,6 +77,7 @@ class InprocTransport(EndpointBase):
         self.hub = hub or DEFAULT_HUB
         self._location: str | None = None
         self._pending = 0
+        self._verify_supplied = self.options.inproc_verify == "supplied"
 
     async def serve(self) -> Address:
         self._check_open()
@@ -108,14 +109,16 @@ class InprocTransport(EndpointBase):
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
         self._check_open()
-        start, t0 = self.clock.now_ms(), time.perf_counter()
-        dl = self.deadline(deadline_ms)
-        what = Described(self.name, "push", request_id, "to", address)
+        clock = self.clock
+        start, t0 = clock.now_ms(), time.perf_counter()
         if gate is None:  # nothing to wait for: one synchronous step, no timer
-            if start > dl:
-                raise TransferTimeout(f"{what}: called after its deadline")
-            peer = self._peer(address)
-            if self.options.inproc_verify != "always":  # the common case in one pass: views, no checksum
+            if deadline_ms is not None and start > deadline_ms:  # (the default deadline is always ahead)
+                raise TransferTimeout(f"{Described(self.name, 'push', request_id, 'to', address)}: called after its "
+                                      "deadline")
+            peer = self.hub._endpoints.get(address.location) if address.backend == "inproc" else None
+            if peer is None or peer._closed:
+                peer = self._peer(address)  # raises the error that says why
+            if self._verify_supplied:  # the common case in one pass: views, no checksum
                 real = 0
                 for b in blocks:
                     p = b.payload
@@ -124,11 +127,13 @@ class InprocTransport(EndpointBase):
                     real += p.nbytes
                 else:
                     peer.inbox.deliver(request_id, blocks)
-                    return TransferRecord.unshaped(request_id, "push", self.name, address.site, len(blocks), real,
-                                                   start, self.clock.now_ms() - start,
-                                                   (time.perf_counter() - t0) * 1000.0)
-            peer.inbox.deliver(request_id, self._handover(blocks, what))
+                    return TransferRecord.unshaped(request_id, "push", "inproc", address.site, len(blocks), real,
+                                                   start, clock.now_ms() - start, (time.perf_counter() - t0) * 1000.0)
+            peer.inbox.deliver(request_id, self._handover(blocks, Described(self.name, "push", request_id, "to",
+                                                                            address)))
             return self._record("push", request_id, address.site, blocks, start, time.perf_counter() - t0)
+        dl = self.deadline(deadline_ms)
+        what = Described(self.name, "push", request_id, "to", address)
         self._pending += 1
         try:
             async with within(self.clock, dl, what):
