@@ -7,7 +7,8 @@ its added latency over going straight to an engine (the baseline, same run); the
 (process CPU time, so another process's turn on the core does not count) is split by layer: aiohttp's
 server, aiohttp's client, the router's mechanism (``cluster/router``), the JSON codec, asyncio and the rest;
 and the top functions by own time. The request is ``bench/router.py``'s overhead request (a one-token text
-completion, answered whole). ``--quick`` runs fewer requests.
+completion, answered whole). ``--parts hit`` measures the choice for a prefix-cache hit in process instead
+(``hit_path``: the prompt memo against tokenizing every prompt from its start). ``--quick`` runs fewer requests.
 """
 
 from __future__ import annotations
@@ -165,9 +166,74 @@ def profile(quick: bool) -> dict[str, Any]:
     return out
 
 
+def hit_path(quick: bool, prefixes: int = 8, prefix_tokens: int = 2048, fresh: int = 128) -> dict[str, Any]:
+    """CPU of the router's choice for a prefix-cache hit, in process: ``Chooser.prepare``, ``rank`` and
+    ``routed`` for ``kv_aware`` on 4 workers whose index holds ``prefixes`` prefixes of ``prefix_tokens`` tokens,
+    each request one of them plus ``fresh`` new tokens as text (``bench/router.py``'s prefix part), with the
+    prompt memo (``cluster.router.prompt_memo``) and without it (the baseline), in alternating rounds; median
+    and p90 microseconds per request, and whether both gave the same ids, hashes and worker for every request."""
+    import random
+
+    import numpy as np
+
+    from cluster.loadtest.client import ids_to_text
+    from cluster.router.choice import Chooser, RoutedRequest
+    from cluster.router.regions import Topology
+    from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
+    from config.cluster import RouterSpec
+
+    def chooser(memo: bool) -> tuple[Chooser, list[WorkerInfo]]:
+        ws = [WorkerInfo(WorkerId(f"w{i}"), f"http://w{i}", model="llama-3.1-8b", hardware="h100-80g-sxm",
+                         num_blocks=1024, free_blocks=1024) for i in range(4)]
+        c = Chooser(RouterSpec(policy="kv_aware"), ClusterView(ws, RoutingConfig(require_feed=False), lambda: 0.0),
+                    Topology(), lambda w, n, cached: n / 100.0, random.Random(0), prompt_memo=memo)
+        for w in ws:
+            c.index.apply_snapshot(w.name, 0, [])
+        return c, ws
+
+    rng = random.Random(0)
+    heads = [[rng.randrange(17576) for _ in range(prefix_tokens)] for _ in range(prefixes)]
+    n = 200 if quick else 1000
+    bodies = [{"model": "llama-3.1-8b", "max_tokens": 32, "stream": True,
+               "prompt": ids_to_text(heads[k % prefixes] + [rng.randrange(17576) for _ in range(fresh)])}
+              for k in range(prefixes + n)]
+    runs = {memo: chooser(memo) for memo in (False, True)}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    picks: dict[bool, list[tuple[str, list[int], list[int]]]] = {False: [], True: []}
+    for k, body in enumerate(bodies):
+        for memo in ((False, True) if k % 2 else (True, False)):
+            c, ws = runs[memo]
+            ctx = RequestContext(body)
+            t0 = time.process_time_ns()
+            c.prepare(c.policy, ctx, RoutedRequest.of(body, False), ws, defer_tail=True)
+            w = c.rank(c.policy, ws, ctx)[0]
+            c.routed(c.policy, w, ctx)
+            c.complete(ctx)
+            dt = (time.process_time_ns() - t0) / 1000.0
+            c.index.apply(w.name, k + 1, [["stored", ctx.block_hashes, None]])  # the engine's events arrive
+            w.pending_blocks = 0
+            if k >= prefixes:  # every prefix is held by now: hits only
+                times[memo].append(dt)
+                picks[memo].append((w.name, ctx.prompt_ids, ctx.block_hashes))
+    out = {name: {"median_us": round(float(np.median(times[memo])), 1),
+                  "p90_us": round(float(np.percentile(times[memo], 90)), 1)}
+           for name, memo in (("without_memo", False), ("with_memo", True))}
+    return {"requests": n, **out, "ratio": round(out["with_memo"]["median_us"] / out["without_memo"]["median_us"], 3),
+            "same_decisions": picks[False] == picks[True]}
+
+
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
-    emit({"bench": "router_profile", **profile(args.quick)})
+    p = parser(__doc__ or "")
+    p.add_argument("--parts", default="profile,hit", help="profile (the HTTP router), hit (the hit path in process)")
+    args = p.parse_args()
+    parts = set(args.parts.split(","))
+    out: dict[str, Any] = {"bench": "router_profile"}
+    if "profile" in parts:
+        out.update(profile(args.quick))
+    if "hit" in parts:
+        out["hit_path"] = hit_path(args.quick)
+        print(f"hit path: {out['hit_path']}", flush=True)
+    emit(out)
 
 
 if __name__ == "__main__":

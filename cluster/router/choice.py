@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from actors.engine.kv_blocks import hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
 from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, InflightPrefixes, PrefixIndex
+from cluster.router.prompt_memo import PromptMemo
 from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
 from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
@@ -63,7 +64,7 @@ class RoutedRequest:
 
 class Chooser:
     def __init__(self, spec: RouterSpec, view: ClusterView, topology: Topology, prefill_ms: PrefillEstimate,
-                 rng: random.Random, tier_pricing: TierPricing | None = None) -> None:
+                 rng: random.Random, tier_pricing: TierPricing | None = None, *, prompt_memo: bool = True) -> None:
         self.spec = spec
         self.view = view
         self.rng = rng
@@ -74,6 +75,10 @@ class Chooser:
         self.policy = make_policy(spec.policy, rng, spec.policy_params)
         self._policies: dict[str, RoutingPolicy] = {spec.policy: self.policy}
         self._tokenizers: dict[int, Tokenizer] = {}
+        self._memos: dict[tuple[int, int], PromptMemo] = {}
+        """Text prompts' ids and hashes by text prefix, per (vocabulary, block size) (``prompt_memo``)."""
+        self.use_memo = prompt_memo
+        """False: every text prompt is tokenized and hashed from its start (the memo's baseline)."""
         self._pending: list[RequestContext] = []
         """Contexts ranked from their prompt's head, not completed yet (``prepare``)."""
         self.tier_pricing = tier_pricing
@@ -109,6 +114,12 @@ class Chooser:
             tok = self._tokenizers[vocab] = Tokenizer(vocab)
         return tok
 
+    def memo(self, vocab: int, block_size: int) -> PromptMemo:
+        m = self._memos.get((vocab, block_size))
+        if m is None:
+            m = self._memos[(vocab, block_size)] = PromptMemo(self._tokenizer(vocab), block_size)
+        return m
+
     def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo]) -> None:
         """Token ids and block hashes as the engines will compute them. A prompt that is not one of the
         accepted shapes yields no ids here (the engine's 400 will reach the client)."""
@@ -126,8 +137,12 @@ class Chooser:
                 p = req.body.get("prompt")
                 if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
                     p = p[0]
-                if isinstance(p, str):
+                if isinstance(p, str) and not self.use_memo:
                     ctx.prompt_ids, ctx.text = tok.encode(p), p
+                elif isinstance(p, str):  # a hit repeats text met before: tokenized and hashed from where it parts
+                    ids, hashes = self.memo(workers[0].vocab_size, workers[0].block_size).encode(p)
+                    ctx.prompt_ids, ctx.text, ctx.block_hashes = ids, p, cast(list[int], hashes)  # BlockHash is an int
+                    return
                 elif isinstance(p, list) and all(isinstance(x, int) for x in p):
                     ctx.prompt_ids = p
         except ApiError:
@@ -175,6 +190,8 @@ class Chooser:
         if not isinstance(p, str):
             return False
         bs = pool[0].block_size
+        if self.use_memo and self.memo(pool[0].vocab_size, bs).known_tokens(p) >= HEAD_BLOCKS * bs:
+            return False  # a prefix met before, likely a hit: the memo walks it faster than the head would
         tok = self._tokenizer(pool[0].vocab_size)
         got = tok.split_head(p, HEAD_BLOCKS * bs)
         if got is None:
@@ -244,8 +261,12 @@ class Chooser:
         if self.spec.index_mode == "approximate":
             self.approx.record(worker, ctx.block_hashes, self.view.now() * 1000.0)
         elif self.inflight is not None:
+            # Only the blocks the events do not show there yet: the others need no provisional entry (and one
+            # would outlive their eviction until its TTL, as no new ``stored`` event confirms a block reused).
             self.inflight.drop(ctx.inflight_ticket)
-            ctx.inflight_ticket = self.inflight.record(worker, ctx.block_hashes, self.view.now() * 1000.0)
+            held = self.index.held_depth(worker, ctx.block_hashes)
+            ctx.inflight_ticket = self.inflight.record(worker, ctx.block_hashes[held:], self.view.now() * 1000.0) \
+                if held < len(ctx.block_hashes) else None
 
     def failed(self, ctx: RequestContext) -> None:
         """The attempt ``routed`` recorded failed before its worker prefilled anything: forget it."""

@@ -246,17 +246,34 @@ class PrefixIndex:
 
     def _overlap_with_inflight(self, hashes: Sequence[int], workers: list[WorkerId], inflight: InflightPrefixes,
                                now_ms: float) -> dict[WorkerId, int]:
+        """The events' overlap, each worker's then extended block by block by either source (a hit's blocks are
+        mostly the events': their depth comes from the set walk, not from a check per worker and block)."""
         inflight.expire(now_ms)
-        out: dict[WorkerId, int] = {}
+        out = self.overlap(hashes, workers)
+        entries = inflight._entries
+        holders_of = self._holders
+        n = len(hashes)
         for w in workers:
-            n = 0
-            for h in hashes:
-                holders = self._holders.get(h)
-                if not ((holders is not None and w in holders) or inflight.holds(w, h)):
+            d = out[w]
+            while d < n:
+                h = hashes[d]
+                holders = holders_of.get(h)
+                if not ((holders is not None and w in holders) or (w, h) in entries):
                     break
-                n += 1
-            out[w] = n
+                d += 1
+            out[w] = d
         return out
+
+    def held_depth(self, worker: WorkerId, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the events show ``worker`` holding (no in-flight entries)."""
+        holders_of = self._holders
+        d = 0
+        for h in hashes:
+            holders = holders_of.get(h)
+            if holders is None or worker not in holders:
+                break
+            d += 1
+        return d
 
     def size(self) -> int:
         return len(self._holders)
