@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.openai_api import ResponseShapes, sse
@@ -11,7 +11,17 @@ from actors.server import TextChunk
 
 
 @pytest.mark.parametrize("chat", [False, True])
+@settings(deadline=None)  # a loaded CI host: no per-example time limit
 @given(text=st.text(min_size=1, max_size=40))
 def test_template_bytes_equal_the_encoded_chunk(chat: bool, text: str) -> None:
     shapes = ResponseShapes(chat, "llama-3.1-8b", "cmpl-1")
     assert TextChunk(shapes)(text) == sse(shapes.chunk(text, None))
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@settings(deadline=None)  # a loaded CI host: no per-example time limit
+@given(text=st.text(min_size=1, max_size=40), ids=st.lists(st.integers(0, 200_000), min_size=1, max_size=8))
+def test_template_with_token_ids_equals_the_encoded_chunk(chat: bool, text: str, ids: list[int]) -> None:
+    """The router's streams (``output_token_ids``) carry the ids in every chunk: the same bytes by template."""
+    shapes = ResponseShapes(chat, "llama-3.1-8b", "cmpl-1")
+    assert TextChunk(shapes, with_ids=True)(text, ids) == sse(shapes.chunk(text, None, ids))

@@ -1,0 +1,183 @@
+"""Where the CPU goes per emulated output token, end to end and per process, without Ray.
+
+The real processes of a streamed run, each its own OS process on uvloop: the engines of one worker actor
+(``actors.worker.GpuWorker``, the default layout: one HTTP server, one clock), the router
+(``cluster.router.actor.RouterActor``) and the load generator (``bench/engine.py``'s closed loop, in this
+process). Per process: CPU microseconds per output token, unprofiled (``time.process_time`` in each process
+over the same window); then a profiled window (cProfile on process CPU time) whose own time is split by layer
+(aiohttp server, aiohttp client, asyncio, JSON, engine, router, rest) with the top functions, so a change to the
+hot path is measured before and after on the same harness. ``--quick``: 4 s windows.
+
+Not a capacity figure (``bench/density.py`` measures that with Ray, the feed and the lag bound); no timed
+assertion: the last line is JSON, each process's figure beside the total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import multiprocessing as mp
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import emit, parser
+
+LAYERS = (
+    ("aiohttp_server", ("aiohttp/web", "aiohttp/http_writer", "aiohttp/http_parser", "aiohttp/base_protocol")),
+    ("aiohttp_client", ("aiohttp/client", "aiohttp/connector", "aiohttp/streams", "aiohttp/payload",
+                        "aiohttp/helpers", "yarl/", "multidict/")),
+    ("asyncio", ("asyncio/", "uvloop", "<built-in method _asyncio", "selectors")),
+    ("json", ("json/", "orjson")),
+    ("engine", ("actors/",)),
+    ("router", ("cluster/router/",)),
+)
+TOP = 14
+
+
+def layer_of(where: str) -> str:
+    for name, marks in LAYERS:
+        if any(m in where for m in marks):
+            return name
+    return "other"
+
+
+def summarize(prof: cProfile.Profile) -> dict[str, Any]:
+    """Own CPU seconds by layer, and the top functions by own time."""
+    st = pstats.Stats(prof)
+    own = {f"{f}:{ln}({fn})": tt for (f, ln, fn), (_, _, tt, _, _) in st.stats.items()}  # type: ignore[attr-defined]
+    layers: dict[str, float] = {}
+    for where, tt in own.items():
+        layers[layer_of(where)] = layers.get(layer_of(where), 0.0) + tt
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:TOP]
+    return {"layers_s": {k: round(v, 4) for k, v in sorted(layers.items(), key=lambda kv: -kv[1])},
+            "top_s": {k.split("site-packages/")[-1].split("/work/main/")[-1]: round(v, 4) for k, v in top}}
+
+
+async def serve_commands(q: Any, cmd: Any, dump: str | None = None) -> None:
+    """On each command ("plain" or "profile") measure this process's CPU until "stop"; answer the figures."""
+    loop = asyncio.get_running_loop()
+    while True:
+        what = await loop.run_in_executor(None, cmd.get)
+        if what == "quit":
+            return
+        prof = cProfile.Profile(time.process_time) if what == "profile" else None
+        t0 = time.process_time()
+        if prof is not None:
+            prof.enable()
+        assert await loop.run_in_executor(None, cmd.get) == "stop"
+        if prof is not None:
+            prof.disable()
+            if dump:
+                prof.dump_stats(dump)
+        q.put((time.process_time() - t0, summarize(prof) if prof is not None else None))
+
+
+def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None) -> None:
+    import uvloop
+
+    from actors.worker import GpuWorker
+
+    async def main() -> None:
+        w = GpuWorker(spec_json, names)
+        q.put(await w.start())
+        await serve_commands(q, cmd, dump and f"{dump}/engines.pstats")
+        await w.stop()
+
+    uvloop.run(main())
+
+
+def _router(engines: dict[str, Any], spec_json: str, q: Any, cmd: Any, dump: str | None) -> None:
+    import uvloop
+
+    from cluster.router.actor import RouterActor
+
+    async def main() -> None:
+        r = RouterActor(engines, spec_json)
+        q.put(await r.start())
+        await serve_commands(q, cmd, dump and f"{dump}/router.pstats")
+        await r.stop()
+
+    uvloop.run(main())
+
+
+def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
+        modes: tuple[str, ...] = ("plain", "profile")) -> dict[str, Any]:
+    """Per process CPU us per output token, plain then profiled (``dump``: a folder for the pstats files)."""
+    import uvloop
+
+    from bench.density import spec
+    from bench.engine import closed_loop
+    from cluster.launch import pack_engines
+
+    s = spec(gpus, {})
+    groups = pack_engines(s.engines(), gpus)  # every engine in one worker: one process to profile
+    ctx = mp.get_context("spawn")
+    wq, wcmd, rq, rcmd = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=_worker, args=(s.model_dump_json(), [e.name for e in groups[0]], wq, wcmd, dump),
+                         daemon=True)
+    worker.start()
+    engines = wq.get(timeout=120)
+    router = ctx.Process(target=_router, args=(engines, s.model_dump_json(), rq, rcmd, dump), daemon=True)
+    router.start()
+    url = rq.get(timeout=120)
+    out: dict[str, Any] = {"gpus": gpus, "streams": streams, "window_s": seconds}
+    try:
+        uvloop.run(closed_loop(url, streams, 1.0, 0))  # warm connections and caches
+        for mode in modes:
+            for c in (wcmd, rcmd):
+                c.put(mode)
+            prof = cProfile.Profile(time.process_time) if mode == "profile" else None
+            t0 = time.process_time()
+            if prof is not None:
+                prof.enable()
+            r = uvloop.run(closed_loop(url, streams, seconds, 1))
+            if prof is not None:
+                prof.disable()
+                if dump:
+                    prof.dump_stats(f"{dump}/load_generator.pstats")
+            gen = time.process_time() - t0
+            for c in (wcmd, rcmd):
+                c.put("stop")
+            (wcpu, wprof), (rcpu, rprof) = wq.get(timeout=60), rq.get(timeout=60)
+            tokens = max(1, int(r["tokens"]))
+            row: dict[str, Any] = {
+                "rate_tok_s": round(r["rate_tok_s"], 1),
+                "us_per_token": {"engines": round(wcpu / tokens * 1e6, 1), "router": round(rcpu / tokens * 1e6, 1),
+                                 "load_generator": round(gen / tokens * 1e6, 1),
+                                 "total": round((wcpu + rcpu + gen) / tokens * 1e6, 1)}}
+            if prof is not None:
+                row["engines"], row["router"], row["load_generator"] = wprof, rprof, summarize(prof)
+            out[mode] = row
+            print(f"{mode}: {row['rate_tok_s']} tok/s, us/token {row['us_per_token']}", flush=True)
+    finally:
+        for c in (wcmd, rcmd):
+            c.put("quit")
+        for p in (router, worker):
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    return out
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--streams", type=int, default=48)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--modes", default="plain,profile", help="windows measured: plain (unprofiled), profile")
+    p.add_argument("--dump", default=None, help="a folder to write each process's pstats file into")
+    args = p.parse_args()
+    gc.collect()
+    result = {"bench": "density_profile", **run(args.gpus, args.streams, 4.0 if args.quick else args.seconds,
+                                                     args.dump, tuple(args.modes.split(",")))}
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
