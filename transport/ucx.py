@@ -107,13 +107,15 @@ def _tag(*parts: bytes) -> int:
 class _Slot:
     """A frame between its control message and its delivery (its payload may still be arriving)."""
 
-    __slots__ = ("done", "header", "lease", "meta")
+    __slots__ = ("done", "header", "intact", "lease", "meta")
 
     def __init__(self, header: Header, meta: dict[str, Any], lease: Lease | None) -> None:
         self.header = header
         self.meta = meta
         self.lease = lease
         self.done = lease is None
+        self.intact: bool | None = None
+        """The payload's verdict when the worker's verifier checked it (None: check it on delivery)."""
 
 
 class UcxConnection:
@@ -320,6 +322,18 @@ class UcxConnection:
             if exc is not None:
                 self._lose(exc)
             return
+        h = slot.header
+        if self.w.verify_min and h.payload_len >= self.w.verify_min and slot.lease is not None:
+            # verified off the loop's thread while the loop receives on; not done (nor recyclable) until then
+            self.w.verifier.submit(h.algo, slot.lease.view, h.checksum, functools.partial(self._verified, slot))
+            return
+        slot.done = True
+        self._deliver()
+
+    def _verified(self, slot: _Slot, intact: bool) -> None:
+        if self._closed:
+            return  # the slot's buffer was discarded with the connection
+        slot.intact = intact
         slot.done = True
         self._deliver()
 
@@ -333,8 +347,8 @@ class UcxConnection:
                 h = slot.header
                 if slot.lease is not None:
                     view = slot.lease.view
-                    frame = Frame(h.type, slot.meta, view, slot.lease, h.checksum, h.algo,
-                                  checksum_of(h.algo, view) == h.checksum, h.small)
+                    intact = checksum_of(h.algo, view) == h.checksum if slot.intact is None else slot.intact
+                    frame = Frame(h.type, slot.meta, view, slot.lease, h.checksum, h.algo, intact, h.small)
                     slot.lease = None
                 else:
                     frame = Frame(h.type, slot.meta, _EMPTY, None, 0, h.algo, True, h.small)
@@ -425,7 +439,7 @@ class UcxTransport(FramedTransport):
 
     def _worker(self) -> UcxWorker:
         if self._w is None:
-            self._w = UcxWorker()
+            self._w = UcxWorker(self.options.verify_thread_min_bytes)
         return self._w
 
     async def serve(self) -> Address:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from transport.verify import VERIFY_THREAD_MIN, Verifier
+
 log = logging.getLogger(__name__)
 
 SPIN_S = 200e-6
@@ -94,7 +96,7 @@ class UcxWorker:
     receives), then the worker stops progressing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, verify_min: int = VERIFY_THREAD_MIN) -> None:
         lib = _ucxx()
         self.lib = lib
         self.loop = asyncio.get_running_loop()
@@ -112,6 +114,9 @@ class UcxWorker:
         self._task = self.loop.create_task(self._run())
         self.spins = 0
         self.sleeps = 0
+        self.verifier = Verifier(self.loop)
+        """Checks received payloads of at least ``verify_min`` bytes (0: none) off the loop's thread."""
+        self.verify_min = verify_min
 
     @property
     def outstanding(self) -> int:
@@ -231,6 +236,7 @@ class UcxWorker:
                 break
             await asyncio.sleep(0)
         self._closed = True
+        self.verifier.close()
         if self._kick is not None and not self._kick.done():
             self._kick.set_result(None)
         with contextlib.suppress(asyncio.CancelledError):

@@ -19,6 +19,7 @@ from transport import (
     BlockNotFound,
     FaultPlan,
     FaultyTransport,
+    IntegrityError,
     RequestId,
     Site,
     TransferTimeout,
@@ -185,6 +186,34 @@ async def test_faults_never_deliver_corrupt_bytes() -> None:
             assert same(got.blocks, sent), "silent corruption"
         outcomes["ok"] += 1
     assert outcomes["ok"] > 10 and outcomes["IntegrityError"] > 0
+    await a.close()
+    await b.close()
+
+
+async def test_large_payloads_verified_off_the_loop_still_catch_corruption() -> None:
+    """Payloads over ``verify_thread_min_bytes`` are checked on the verifier thread: a corrupted one still
+    fails its push with IntegrityError and is never delivered; intact ones arrive as sent."""
+    from transport.ucx import UcxTransport
+
+    clock = Clock(1.0)
+    plan = FaultPlan.model_validate({"seed": 3, "rates": {"corrupt": 0.5}})
+    a = FaultyTransport(UcxTransport(A, clock), plan)
+    b = UcxTransport(B, clock)
+    addr = await b.serve()
+    outcomes: Counter[str] = Counter()
+    for i in range(12):
+        rid = RequestId(f"v{i}")
+        sent = blocks(2, 400_000, seed=i)
+        try:
+            await a.push(addr, rid, sent)
+        except IntegrityError:
+            outcomes["IntegrityError"] += 1
+            assert b.inbox.count(rid) == 0
+            continue
+        with await b.receive(rid, count=2) as got:
+            assert same(got.blocks, sent), "silent corruption"
+        outcomes["ok"] += 1
+    assert outcomes["ok"] > 0 and outcomes["IntegrityError"] > 0
     await a.close()
     await b.close()
 
