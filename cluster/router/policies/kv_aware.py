@@ -154,17 +154,18 @@ class KVAware(PolicyBase):
 
     def near_ties(self, ordered: list[WorkerInfo], costs: dict[WorkerId, float], ctx: RequestContext,
                   waits: dict[WorkerId, float]) -> list[WorkerInfo]:
-        """``ordered`` (by cost) with the near ties of the cheapest worker before a wait first (see the module
-        docstring): those balanced within ``balance_requests`` footprints of the least computed, cheapest with
-        the wait first, then the others, fewest blocks computed first."""
+        """``ordered`` (by cost) with the near ties of its first worker first (see the module docstring): those of
+        the same overlap whose costs before the wait are within the slack of its own, the ones balanced within
+        ``balance_requests`` footprints of the least computed first, cheapest with the wait first, then the
+        others, fewest blocks computed first."""
         load = {k: c - self.weight * waits[k] for k, c in costs.items()}
-        top = min(ordered, key=lambda w: load[w.name])
+        top = ordered[0]
         overlap = ctx.overlap.get(top.name, 0)
         footprint = footprint_blocks(ctx, top.block_size)
         slack = self.near_tie * footprint
         near = [w for w in ordered
                 if ctx.overlap.get(w.name, 0) == overlap
-                and (load[w.name] - load[top.name] < slack or load[w.name] == load[top.name])]
+                and (abs(load[w.name] - load[top.name]) < slack or load[w.name] == load[top.name])]
         if len(near) < 2:
             return ordered
         computed = {w.name: self.computed.get(w.name, 0) for w in near}
