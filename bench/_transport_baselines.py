@@ -21,7 +21,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,12 @@ async def child_tcp_sink() -> None:
     await t.close()
 
 
-async def child_ucx_sink() -> None:
+async def child_ucx_sink(verify_thread_min_bytes: int | None = None) -> None:
+    """kvmesh's ucx receiver; ``verify_thread_min_bytes`` as in ``TransportOptions`` (None: the default)."""
     from transport.ucx import UcxTransport
 
-    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
+    opts = {} if verify_thread_min_bytes is None else {"verify_thread_min_bytes": verify_thread_min_bytes}
+    t = UcxTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30, **opts))
     make_sink(t)
     addr = await t.serve()
     print("|".join([addr.location, *(f"{k}={v.hex()}" for k, v in addr.extra)]), flush=True)
@@ -375,8 +377,11 @@ def ucx_address(location_line: str) -> Address:
     return Address("ucx", location, RECEIVER, extra)
 
 
-CHILDREN = {"tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
-            "buffered-sink": child_buffered_sink}
+CHILDREN: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+    "tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
+    "buffered-sink": child_buffered_sink,
+    "ucx-sink-inline": functools.partial(child_ucx_sink, 0),  # every payload verified on the loop's thread
+}
 
 
 def child_main(kind: str) -> None:
