@@ -17,7 +17,8 @@ so a block wholly inside the shared prefix has the same hash. The hash function 
 own (one memo per tokenizer and block size). Tests compare against tokenizing from scratch (hypothesis).
 
 Bounds: entries are bucketed by their first ``KEY_CHARS`` characters, at most ``per_key`` per bucket (most
-recent first) and ``max_keys`` buckets (least recently used dropped). An entry is made only for a prompt whose
+recent first), ``max_keys`` buckets and ``max_chars`` characters of text in all (least recently used buckets
+dropped first). An entry is made only for a prompt whose
 memo match left at least ``stride`` full blocks unmatched (a new prefix), so hits do not churn it.
 """
 
@@ -49,9 +50,12 @@ class PromptMemo:
     """See the module docstring. Not thread-safe (the router's loop is its only user)."""
 
     def __init__(self, tokenizer: Tokenizer, block_size: int, *, stride: int = 16, max_keys: int = 64,
-                 per_key: int = 4) -> None:
-        if block_size <= 0 or stride <= 0 or max_keys <= 0 or per_key <= 0:
-            raise ValueError("block_size, stride, max_keys and per_key must be positive")
+                 per_key: int = 4, max_chars: int = 8_000_000) -> None:
+        if min(block_size, stride, max_keys, per_key, max_chars) <= 0:
+            raise ValueError("block_size, stride, max_keys, per_key and max_chars must be positive")
+        self.max_chars = max_chars
+        self._chars = 0
+        """Characters of every entry's text (with its ids and hashes, ~10x as many bytes), at most ``max_chars``."""
         self.tok = tokenizer
         self.block_size = block_size
         self.stride = stride
@@ -129,16 +133,24 @@ class PromptMemo:
         if not chars:
             return
         entry = _Entry(text, list(ids), hashes[:tokens[-1] // bs], chars, tokens)  # the caller keeps ``ids``
+        if len(text) > self.max_chars:
+            return
         key = text[:KEY_CHARS]
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = []
-            while len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
         bucket.insert(0, entry)
+        self._chars += len(text) - sum(len(e.text) for e in bucket[self.per_key:])
         del bucket[self.per_key:]
+        while len(self._buckets) > self.max_keys or self._chars > self.max_chars:
+            _, gone = self._buckets.popitem(last=False)
+            self._chars -= sum(len(e.text) for e in gone)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())

@@ -62,9 +62,16 @@ def test_a_hit_reuses_the_shared_prefix_and_a_new_prefix_is_remembered() -> None
 
 def test_the_memo_is_bounded() -> None:
     memo = PromptMemo(Tokenizer(32000), 4, stride=1, max_keys=3, per_key=2)
-    for k in range(20):
-        memo.encode(ids_to_text([k] * 30 + list(range(100 + k, 140 + k))))
-    assert len(memo) <= 6
+    texts = [ids_to_text([k] * 30 + list(range(100 + k, 140 + k))) for k in range(20)]
+    for text in texts:
+        memo.encode(text)
+    assert len(memo) <= 6 and memo.chars == sum(len(t) for t in texts[-3:])  # one per bucket, the last 3 kept
+    small = PromptMemo(Tokenizer(32000), 4, stride=1, max_chars=2 * len(texts[0]))
+    for text in texts:
+        small.encode(text)
+    assert len(small) == 2 and small.chars == 2 * len(texts[0])
+    small.encode(texts[0] * 3)  # longer than the whole budget: not kept
+    assert small.chars <= 2 * len(texts[0])
 
 
 def chooser(memo: bool) -> tuple[Chooser, list[WorkerInfo]]:
