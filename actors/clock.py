@@ -19,7 +19,9 @@ router and the load generator); ``thread`` (the default with the real monotonic 
 thread per clock sleep precisely off the loop (``Condition.wait``, ~0.1 ms slack) until the earliest
 deadline and then wake the loop (``call_soon_threadsafe``): no polling at all, one wake-up per deadline.
 The thread holds no lock while it sleeps and needs the GIL only to post the wake-up; it exits after
-``IDLE_THREAD_S`` without a deadline and is started again by the next one.
+``IDLE_THREAD_S`` without a deadline and is started again by the next one. ``timerfd`` (Linux) arms a
+timerfd at the earliest deadline and has the loop wake on it (``actors.timerfd``): one wake-up of the loop's
+own thread per deadline, no helper thread, no polling.
 
 Lag is how late a deadline really ended, in wall milliseconds; ``lag_emulated_ms`` divides by the scale
 (a 1 ms wall lag at scale 0.1 is 10 emulated ms).
@@ -37,9 +39,11 @@ from typing import Literal
 
 import numpy as np
 
+from actors import timerfd
+
 DEFAULT_SPIN_MS = 1.0
 IDLE_THREAD_S = 5.0
-Waker = Literal["thread", "spin"]
+Waker = Literal["thread", "spin", "timerfd"]
 
 
 class _ThreadWaker:
@@ -102,10 +106,13 @@ class Clock:
                  waker: Waker | None = None) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
-        if waker == "thread" and monotonic is not time.monotonic:
-            raise ValueError("the thread waker sleeps in real time: it needs the real monotonic clock")
+        if waker in ("thread", "timerfd") and monotonic is not time.monotonic:
+            raise ValueError(f"the {waker} waker sleeps in real time: it needs the real monotonic clock")
+        if waker == "timerfd" and not timerfd.available():
+            raise ValueError("the timerfd waker needs Linux's timerfd: use the thread or spin waker here")
         self.waker: Waker = waker or ("thread" if monotonic is time.monotonic else "spin")
-        self._thread_waker: _ThreadWaker | None = None
+        self._thread_waker: _ThreadWaker | timerfd.TimerFdWaker | None = None
+        """What wakes the loop at the earliest deadline (``thread``, ``timerfd``); None: the loop's timers."""
         self.time_scale = time_scale
         self.spin_s = max(0.0, spin_ms) / 1000.0
         self._monotonic = monotonic
@@ -153,7 +160,8 @@ class Clock:
             if self._thread_waker is not None:
                 self._thread_waker.stop()
             self._loop, self._heap, self._armed, self._armed_for = loop, [], None, float("inf")
-            self._thread_waker = _ThreadWaker(loop, self._fire) if self.waker == "thread" else None
+            self._thread_waker = (_ThreadWaker(loop, self._fire) if self.waker == "thread"
+                                  else timerfd.TimerFdWaker(loop, self._fire) if self.waker == "timerfd" else None)
         fut: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._heap, (target, next(self._order), fut))
         if target < self._armed_for:
@@ -237,6 +245,10 @@ class LagRecorder:
 
     def percentile(self, q: float) -> float:
         return self.percentiles(q)[0]
+
+    def samples(self) -> list[float]:
+        """The lags the ring holds (its last ``capacity``), oldest order not kept: for pooling across engines."""
+        return [float(x) for x in self._buf[:self._n]]
 
     def reset(self) -> None:
         self._n = 0

@@ -191,6 +191,10 @@ class GpuWorker:
         for e in self.engines.values():
             e.lag.reset()
 
+    async def lag_samples(self) -> list[float]:
+        """Every engine's recent step lags (wall ms) together: a cluster's p99 is taken over all its steps."""
+        return [x for e in self.engines.values() for x in e.lag.samples()]
+
     def rss_bytes(self) -> int:
         """Resident memory of this actor process."""
         with open(f"/proc/{os.getpid()}/statm") as f:

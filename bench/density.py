@@ -14,7 +14,8 @@ Figures (``--parts``, default all):
   GPUs (``IDLE_GPUS_PER_ACTOR`` to an actor: 256 actors do not fit this host), with each named layout's feed
   and clock (``new``: new feed; ``old``: old feed, spin clock; ``new_spin``: new feed, spin clock); per
   emulated GPU too. Goal: 256 idle GPUs under 0.1 core.
-- ``capacity``: the highest output tokens/s streamed through the router with engine step-lag p99 <= 5 ms
+- ``capacity``: the highest output tokens/s streamed through the router with engine step-lag p99 <= 5 ms (over
+  every step of every engine, as the load test pools it; each level also reports the worst engine's p99)
   (``bench/engine.py``'s closed-loop ladder from min(GPUs / 2, 8) streams: concurrency rises until the lag
   bound breaks) at 4, 16 and 64
   emulated GPUs, with the CPU microseconds per output token end to end (workers + router + the load
@@ -60,10 +61,12 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"},
+    "new_timerfd": {"engine_clock": "timerfd"},
     "new_nice0": {"engine_nice": 0}, "new_nice10": {"engine_nice": -10}, "new_1proc": {"gpus_per_actor": 8}}
 """Measured only when ``--layouts`` names them: the default layout with another way of waking engines at their
 step deadlines (the default, ``thread``, wakes a helper thread and then the loop: two wake-ups a step, each one
-a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline), with the engine
+a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline; ``timerfd`` wakes the
+loop itself on a timerfd armed at the deadline: one wake-up, no thread, no polling), with the engine
 processes at another niceness than the default -5 (0: level with the router and the load generator; where the
 host allows lowering it), or with every engine of the node in one process (up to 8 GPUs)."""
 OLD_LAYOUT_MAX_GPUS = 16

@@ -97,9 +97,20 @@ async def closed_loop(url: str, concurrency: int, duration_s: float, seed: int) 
 
 
 def lag_of(h: ClusterHandle) -> dict[str, float]:
+    """Step lag since the last ``reset_lag``: p50/p99/max over every step of every engine (pooled, as the load
+    test's histogram takes it), and the worst single engine's p99.
+
+    The bound applies to the pooled p99. The worst engine's p99 (the figure before) grows with the number of
+    engines alone: at 64 GPUs and 8 streams each engine runs a few hundred steps of a level, so its p99 is
+    about its third-worst step, and the worst of 64 such is the cluster's p99.98, not its p99."""
+    lags = np.asarray([x for part in ray.get([w.lag_samples.remote() for w in h.workers], timeout=60)
+                       for x in part])
     load = h.load()
-    return {"p50": max(v["lag_p50_ms"] for v in load.values()), "p99": max(v["lag_p99_ms"] for v in load.values()),
-            "max": max(v["lag_max_ms"] for v in load.values())}
+    worst = max((v["lag_p99_ms"] for v in load.values()), default=0.0)
+    if lags.size == 0:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0, "worst_engine_p99": worst}
+    p50, p99 = np.percentile(lags, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "max": float(lags.max()), "worst_engine_p99": worst}
 
 
 def ideal_rate(gpus: int, concurrency: int, scale: float) -> float:
@@ -165,7 +176,7 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quic
         lag = lag_of(h)
         row = {"concurrency": conc, "rate_tok_s": round(r["rate_tok_s"], 1),
                "ideal_rate_tok_s": round(ideal_rate(gpus, conc, scale), 1), "lag_p99_ms": round(lag["p99"], 3),
-               "lag_max_ms": round(lag["max"], 3),
+               "lag_p99_worst_engine_ms": round(lag["worst_engine_p99"], 3), "lag_max_ms": round(lag["max"], 3),
                "cpu_us_per_token": round(cpu / max(1, r["tokens"]) * 1e6, 1), "cores": round(cpu / r["wall_s"], 3)}
         levels.append(row)
         print(f"  {gpus} GPUs scale {scale}: {row}", flush=True)

@@ -302,10 +302,11 @@ class ClusterSpec(Frozen):
     stream_interval: PositiveInt = 1
     """Tokens per SSE event after the first, as vLLM's ``--stream-interval``: fewer events per token for
     less CPU per token; 1 (the default) sends every token at once so per-token ITL stays exact."""
-    engine_clock: Literal["thread", "spin", "timer"] = "thread"
+    engine_clock: Literal["thread", "spin", "timer", "timerfd"] = "thread"
     """How an actor's engines wake at their step deadlines (``actors.clock``): ``thread`` (one helper thread
     sleeps precisely off the loop), ``spin`` (the loop polls the last millisecond: least lag, most CPU),
-    ``timer`` (the loop's own timers alone: least CPU, up to ~1 ms late)."""
+    ``timer`` (the loop's own timers alone: least CPU, up to ~1 ms late), ``timerfd`` (Linux: the loop wakes on
+    a timerfd armed at the deadline: one wake-up, no thread)."""
     engine_nice: int = Field(default=-5, ge=-20, le=19)
     """Niceness of the actors hosting engines where the host lets a process lower it (root or CAP_SYS_NICE),
     else 0 (``actors.worker.restore_priority``). Below 0 an emulated GPU, which stands for hardware of its own,

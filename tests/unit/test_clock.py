@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.clock import Clock, LagRecorder, Waker
+from actors.clock import Clock, LagRecorder, Waker, _ThreadWaker
+from actors.timerfd import TimerFdWaker, available
+
+NEEDS_TIMERFD = pytest.mark.skipif(not available(), reason="timerfd is Linux only")
+TIMERFD = pytest.param("timerfd", marks=NEEDS_TIMERFD)
 
 
 class FakeTime:
@@ -38,7 +42,8 @@ def test_bad_scale_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.1])
-@pytest.mark.parametrize(("spin", "waker"), [(1.0, "thread"), (1.0, "spin"), (0.0, None)])
+@pytest.mark.parametrize(("spin", "waker"), [(1.0, "thread"), (1.0, "spin"),
+                                            pytest.param(1.0, "timerfd", marks=NEEDS_TIMERFD), (0.0, None)])
 async def test_sleep_until_never_wakes_before_the_deadline(scale: float, spin: float, waker: Waker | None) -> None:
     c = Clock(scale, spin_ms=spin, waker=waker)
     deadline = 0.0
@@ -88,7 +93,7 @@ def test_lag_recorder_percentiles_are_the_sorted_recent_window(lags: list[float]
     assert r.percentile(99) == 0.0 and r.count == 0
 
 
-@pytest.mark.parametrize("waker", ["thread", "spin"])
+@pytest.mark.parametrize("waker", ["thread", "spin", TIMERFD])
 async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order(waker: Waker) -> None:
     c = Clock(1.0, spin_ms=1.0, waker=waker)
     woke: list[int] = []
@@ -105,7 +110,7 @@ async def test_concurrent_waiters_share_one_timer_and_wake_in_deadline_order(wak
     assert c._armed is None and not c._heap  # nothing left armed or waiting
 
 
-@pytest.mark.parametrize("waker", ["thread", "spin"])
+@pytest.mark.parametrize("waker", ["thread", "spin", TIMERFD])
 async def test_a_cancelled_waiter_does_not_stop_the_others(waker: Waker) -> None:
     c = Clock(1.0, spin_ms=1.0, waker=waker)
     base = c.now_ms() + 100.0
@@ -119,7 +124,7 @@ async def test_a_cancelled_waiter_does_not_stop_the_others(waker: Waker) -> None
     assert time.monotonic() >= c.wall_of(base + 4.0)
 
 
-@pytest.mark.parametrize("waker", ["thread", "spin"])
+@pytest.mark.parametrize("waker", ["thread", "spin", TIMERFD])
 async def test_an_earlier_waiter_rearms_the_shared_timer(waker: Waker) -> None:
     c = Clock(1.0, spin_ms=1.0, waker=waker)
     base = c.now_ms()
@@ -135,8 +140,10 @@ async def test_an_earlier_waiter_rearms_the_shared_timer(waker: Waker) -> None:
 
 
 def test_the_thread_waker_needs_the_real_clock() -> None:
-    with pytest.raises(ValueError):
-        Clock(1.0, monotonic=FakeTime(), waker="thread")
+    wakers: tuple[Waker, ...] = ("thread", "timerfd")
+    for waker in wakers:
+        with pytest.raises(ValueError):
+            Clock(1.0, monotonic=FakeTime(), waker=waker)
     assert Clock(1.0, monotonic=FakeTime()).waker == "spin" and Clock(1.0).waker == "thread"
 
 
@@ -149,4 +156,18 @@ async def test_the_thread_waker_serves_a_new_loop_after_the_old_one() -> None:
         return asyncio.run(c.sleep_until(c.now_ms() + 2.0))
 
     assert await asyncio.get_running_loop().run_in_executor(None, other_loop) >= 0.0
-    assert c._thread_waker is not first and first is not None and first._stop
+    assert c._thread_waker is not first and isinstance(first, _ThreadWaker) and first._stop
+
+
+@NEEDS_TIMERFD
+async def test_the_timerfd_waker_serves_a_new_loop_and_closes_the_old_descriptor() -> None:
+    c = Clock(1.0, waker="timerfd")
+    await c.sleep_until(c.now_ms() + 2.0)
+    first = c._thread_waker
+    assert isinstance(first, TimerFdWaker) and first.fd is not None
+
+    def other_loop() -> float:
+        return asyncio.run(c.sleep_until(c.now_ms() + 2.0))
+
+    assert await asyncio.get_running_loop().run_in_executor(None, other_loop) >= 0.0
+    assert c._thread_waker is not first and first.fd is None  # unregistered and closed
