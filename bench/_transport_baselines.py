@@ -52,8 +52,10 @@ def make_sink(t: Any) -> None:
     t.inbox.deliver = deliver
 
 
-async def child_tcp_sink() -> None:
-    t = TcpTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30))
+async def child_tcp_sink(verify_thread_min_bytes: int | None = None) -> None:
+    """kvmesh's tcp receiver; ``verify_thread_min_bytes`` as in ``TransportOptions`` (None: the default)."""
+    opts = {} if verify_thread_min_bytes is None else {"verify_thread_min_bytes": verify_thread_min_bytes}
+    t = TcpTransport(RECEIVER, Clock(), TransportOptions(pool_bytes=1 << 30, **opts))
     make_sink(t)
     addr = await t.serve()
     print(addr.location, flush=True)
@@ -381,6 +383,7 @@ CHILDREN: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
     "buffered-sink": child_buffered_sink,
     "ucx-sink-inline": functools.partial(child_ucx_sink, 0),  # every payload verified on the loop's thread
+    "tcp-sink-inline": functools.partial(child_tcp_sink, 0),
 }
 
 

@@ -131,6 +131,9 @@ class Frame:
     checked: bool = False
     """The metadata's fields were type-checked by the decoder (a small push, a compact ACK): handlers need not
     check them again."""
+    verified: bool = True
+    """False while the payload's checksum is still to be checked (a decoder told to leave large payloads to a
+    :class:`~transport.verify.Verifier`); ``intact`` is False until then, so an unchecked frame never passes."""
 
     def release(self) -> None:
         if self.lease is not None:
@@ -191,11 +194,14 @@ class FrameDecoder:
 
     _HEAD, _META, _PAYLOAD, _WAIT = range(4)
 
-    def __init__(self, pool: BufferPool, limits: Limits = Limits()) -> None:
+    def __init__(self, pool: BufferPool, limits: Limits = Limits(), defer_verify_min: int = 0) -> None:
         if not pool.fits(limits.max_payload):
             raise ValueError("the pool cannot hold the largest payload the limits allow")
         self.pool = pool
         self.limits = limits
+        self.defer_verify_min = defer_verify_min
+        """Payloads received in the payload state at least this large (0: none) are emitted unverified
+        (``Frame.verified`` False) for the caller to check off the loop's thread."""
         self._stage = bytearray(HEADER_SIZE + limits.max_meta_bytes + 4 * DIRECT_MIN)
         self._stage_view = memoryview(self._stage)
         self._r = 0
@@ -336,9 +342,12 @@ class FrameDecoder:
                     return
                 lease, self._lease = self._lease, None
                 view = lease.view
-                intact = checksum_of(self._algo, view) == self._psum
-                out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact,
-                                 self._header is not None and self._header.small))
+                small = self._header is not None and self._header.small
+                if self.defer_verify_min and self._payload_len >= self.defer_verify_min:
+                    out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, False, small, False))
+                else:
+                    intact = checksum_of(self._algo, view) == self._psum
+                    out.append(Frame(self._type, self._meta, view, lease, self._psum, self._algo, intact, small))
                 self._state = self._HEAD
 
     def _whole(self, out: list[Frame]) -> bool:

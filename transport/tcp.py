@@ -10,7 +10,9 @@ that are not frames. Servers bind ``TransportOptions.host`` (127.0.0.1 unless to
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import logging
 import socket
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from transport.checksum import ChecksumChoice, pick
 from transport.frame import Frame, FrameDecoder, FrameType, Limits, encode
 from transport.pool import BufferPool
 from transport.session import Client, FramedTransport, Handler
+from transport.verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +39,21 @@ SMALL_WRITE = 64 * 1024
 
 
 class FrameConnection(asyncio.BufferedProtocol):
-    """One socket: frames in through a decoder into pooled buffers, frames out with flow control."""
+    """One socket: frames in through a decoder into pooled buffers, frames out with flow control.
+
+    With a ``verifier``, payloads of at least ``verify_min`` bytes are checked on its thread while the
+    socket is read on (:mod:`transport.verify`): such a frame, and every frame after it, waits in
+    ``_held`` until its verdict, so the handler still sees every frame in order and verified. Frames
+    held when the connection ends are dropped (a buffer still being checked is discarded, not recycled).
+    """
 
     def __init__(self, pool: BufferPool, limits: Limits, make_handler: Callable[[FrameConnection], Handler],
-                 on_frame_error: Callable[[FrameError], None] | None = None) -> None:
-        self.decoder = FrameDecoder(pool, limits)
+                 on_frame_error: Callable[[FrameError], None] | None = None, verifier: Verifier | None = None,
+                 verify_min: int = 0) -> None:
+        self.decoder = FrameDecoder(pool, limits, verify_min if verifier is not None else 0)
+        self._verifier = verifier
+        self._held: collections.deque[Frame] = collections.deque()
+        self._lost = False
         self.pool = pool
         self.handler = make_handler(self)
         self.transport: asyncio.Transport | None = None
@@ -79,13 +92,14 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def _dispatch(self, frames: list[Frame]) -> None:
         for i, f in enumerate(frames):
-            try:
-                self.handler.on_frame(f)
-            except FrameError as e:
-                f.release()
+            if not f.verified:
+                assert self._verifier is not None
+                self._verifier.submit(f.algo, f.payload, f.checksum, functools.partial(self._verdict, f))
+            if self._held or not f.verified:
+                self._held.append(f)  # in order behind a frame still being checked
+            elif not self._handle(f):
                 for rest in frames[i + 1:]:
                     rest.release()
-                self.fail(e)
                 return
         if self.decoder.waiting_for_buffer and self._unlisten is None and self.transport is not None:
             self.transport.pause_reading()
@@ -95,6 +109,33 @@ class FrameConnection(asyncio.BufferedProtocol):
                 loop.call_soon(self._retry_pool)
 
             self._unlisten = self.pool.on_release(later)
+
+    def _handle(self, f: Frame) -> bool:
+        """Hand one frame to the handler; False (connection failed, held frames dropped) on a FrameError."""
+        try:
+            self.handler.on_frame(f)
+        except FrameError as e:
+            f.release()
+            self._drop_held()
+            self.fail(e)
+            return False
+        return True
+
+    def _verdict(self, f: Frame, intact: bool) -> None:
+        f.intact, f.verified = intact, True
+        if self._lost or self._failed:
+            return  # dropped with the connection
+        while self._held and self._held[0].verified:
+            if not self._handle(self._held.popleft()):
+                return
+
+    def _drop_held(self) -> None:
+        held, self._held = self._held, collections.deque()
+        for f in held:
+            if f.verified:
+                f.release()
+            elif f.lease is not None:
+                f.lease.discard()  # the verifier may still be reading it: never recycle it
 
     def _retry_pool(self) -> None:
         if self._unlisten is None or self.transport is None or self.transport.is_closing():
@@ -120,6 +161,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._can_write.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._drop_held()
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
@@ -205,6 +248,12 @@ class TcpTransport(FramedTransport):
         super().__init__(*args, **kwargs)
         self._server: asyncio.Server | None = None
         self._address: Address | None = None
+        self._verifier = Verifier()
+        """Checks received payloads of at least ``verify_thread_min_bytes`` off the loop's thread."""
+
+    def _connection(self, make_handler: Callable[[FrameConnection], Handler]) -> FrameConnection:
+        return FrameConnection(self.pool, self.limits, make_handler, self._count_frame_error, self._verifier,
+                               self.options.verify_thread_min_bytes)
 
     async def serve(self) -> Address:
         self._check_open()
@@ -213,7 +262,7 @@ class TcpTransport(FramedTransport):
         loop = asyncio.get_running_loop()
 
         def accept() -> FrameConnection:
-            conn = FrameConnection(self.pool, self.limits, self._accepted, self._count_frame_error)
+            conn = self._connection(self._accepted)
             self._track(conn)
             return conn
 
@@ -228,9 +277,7 @@ class TcpTransport(FramedTransport):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.options.connect_timeout_ms / 1000.0):
-                _, conn = await loop.create_connection(
-                    lambda: FrameConnection(self.pool, self.limits, lambda _c: client, self._count_frame_error),
-                    host, int(port))
+                _, conn = await loop.create_connection(lambda: self._connection(lambda _c: client), host, int(port))
         except TimeoutError as e:
             raise ConnectError(f"connect to {location} timed out") from e
         except OSError as e:
@@ -244,3 +291,4 @@ class TcpTransport(FramedTransport):
     async def _serving_stopped(self) -> None:
         if self._server is not None:
             await self._server.wait_closed()
+        self._verifier.close()

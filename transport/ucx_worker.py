@@ -114,7 +114,7 @@ class UcxWorker:
         self._task = self.loop.create_task(self._run())
         self.spins = 0
         self.sleeps = 0
-        self.verifier = Verifier(self.loop)
+        self.verifier = Verifier()
         """Checks received payloads of at least ``verify_min`` bytes (0: none) off the loop's thread."""
         self.verify_min = verify_min
 

@@ -1,7 +1,7 @@
 """Payload verification off the event loop's thread, for receivers whose loop also moves the bytes.
 
-Why: a UCX receiver progresses its transfers on its event loop's thread (:mod:`transport.ucx_worker`),
-and checking a 1 MiB payload's XXH3 there costs 31-43 us per MiB, time in which nothing else is
+Why: a receiver moves bytes on its event loop's thread (a UCX worker progressed there, a TCP socket
+read there), and checking a payload's XXH3 there costs 31-43 us per MiB, time in which nothing else is
 received. ``xxhash`` releases the GIL while it hashes (measured: a Python loop kept running on the
 main thread while another hashed 256 MiB), so a check run on another thread overlaps the next
 receive wherever a core is free. Every byte is still verified before its frame is delivered; only
@@ -39,17 +39,19 @@ Verdict = Callable[[bool], None]
 class Verifier:
     """A checksum thread for one event loop (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[tuple[ChecksumName, memoryview, int, Verdict] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def submit(self, algo: ChecksumName, payload: memoryview, expected: int, done: Verdict) -> None:
-        """Check ``payload`` on the thread; ``done(intact)`` runs on the loop afterwards."""
+        """Check ``payload`` on the thread; ``done(intact)`` runs on the running loop (the one of the first
+        submission: a verifier serves one loop) afterwards."""
         if self._closed:
             raise RuntimeError("verifier closed")
         if self._thread is None:
+            self._loop = asyncio.get_running_loop()
             self._thread = threading.Thread(target=self._work, name="kvmesh-verify", daemon=True)
             self._thread.start()
         self._queue.put((algo, payload, expected, done))
@@ -64,6 +66,7 @@ class Verifier:
                 intact = checksum_of(algo, payload) == expected
             except Exception:
                 intact = False
+            assert self._loop is not None
             try:
                 self._loop.call_soon_threadsafe(done, intact)
             except RuntimeError:  # the loop closed: nobody waits any more

@@ -186,11 +186,12 @@ async def test_oversized_declaration_is_refused_unread(pair) -> None:
     assert b.pool.allocations == allocations and b.frame_errors == 1
 
 
-async def test_corrupt_payload_fails_that_transfer_only(pair) -> None:
+@pytest.mark.parametrize("repeat", [99, 70_000])  # 594 bytes, and 420 kB (checked on the verifier thread)
+async def test_corrupt_payload_fails_that_transfer_only(pair, repeat: int) -> None:
     a, b, addr = pair
     host, port = addr.location.split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    frame = bytearray(encode_bytes(FrameType.PUSH_DATA, {"t": 1, "i": 0, "b": 5, "l": [0, 1]}, b"abcdef" * 99))
+    frame = bytearray(encode_bytes(FrameType.PUSH_DATA, {"t": 1, "i": 0, "b": 5, "l": [0, 1]}, b"abcdef" * repeat))
     frame[-3] ^= 0x40
     writer.write(bytes(frame) + encode_bytes(FrameType.PUSH_END, {"t": 1, "r": "x", "n": 1, "c": True}))
     await writer.drain()

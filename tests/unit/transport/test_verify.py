@@ -11,8 +11,7 @@ from transport.verify import Verifier
 
 
 async def test_verdicts_arrive_on_the_loop_in_submission_order() -> None:
-    loop = asyncio.get_running_loop()
-    v = Verifier(loop)
+    v = Verifier()
     payloads = [memoryview(bytes([i]) * (300_000 + i)) for i in range(6)]
     verdicts: list[tuple[int, bool, bool]] = []
     all_in = asyncio.Event()
@@ -31,7 +30,7 @@ async def test_verdicts_arrive_on_the_loop_in_submission_order() -> None:
 
 
 async def test_a_closed_verifier_drops_pending_checks() -> None:
-    v = Verifier(asyncio.get_running_loop())
+    v = Verifier()
     v.close()
     v.close()  # idempotent
     try:
