@@ -246,9 +246,9 @@ class TransportOptions(Frozen):
     receiver's pooled buffers stay in the CPU cache: with 64 MiB in flight each 1 MiB payload landed in a
     buffer cold from DRAM (locked sweep, 1 MiB blocks, 4 per push: sm 4.3 -> 5.7 GB/s, tcp 3.5 -> 4.2 GB/s)."""
     verify_thread_min_bytes: int = Field(default=VERIFY_THREAD_MIN, ge=0)
-    """UCX receivers verify payloads at least this large on a thread of their own, overlapping the next
-    receive (:mod:`transport.verify`); 0 verifies every payload on the event loop's thread. Every payload
-    is verified before delivery either way."""
+    """UCX and TCP receivers verify payloads at least this large on a thread of their own, overlapping the
+    next receive (:mod:`transport.verify`); 0 verifies every payload on the event loop's thread. Every
+    payload is verified before delivery either way."""
 
     @model_validator(mode="after")
     def _fits(self) -> TransportOptions:
