@@ -42,10 +42,9 @@ reported running and waiting ones, if more), added to ``prefill(w)`` in prefill 
 
     wait(w) = 0 if w has no request, else steps_ahead x decode_step_ms(w's requests, KV in use) / block_ms(w)
 
-About 28 prefill blocks (~10 ms at 8B on an H100) for a miss of 136: a running decode's own ~137 used blocks
-no longer make a busy worker tie with an idle one (without it, kv_aware sent some misses to a decoding worker
-while another sat idle, 47 -> 56-62 ms, its TTFT p99 on the prefix-heavy sweep). Without timing (a worker type
-the catalog does not know) the term is 0.
+About 28 prefill blocks (~10 ms at 8B on an H100) for a miss of 136. The busy state is the router's own count
+(exact with one router), where the KV in use comes from a report up to a feed interval old: a decode that just
+began or ended does not show in it yet. Without timing (a worker type the catalog does not know) the term is 0.
 
 Near ties. Where the cheapest workers before the wait hold the same overlap and their costs differ by less than
 one request's KV footprint (its prompt and ``max_tokens`` blocks, ``near_tie_requests`` of them: a decode that
@@ -56,10 +55,13 @@ A request placed on a worker makes it the home of its prefix, which then draws t
 (the duplicate term keeps them there), so a miss decided by a momentary decode or by name order piles homes on
 one worker: on the prefix-heavy part of ``bench/router.py`` at a working set of one engine's cache, the 8
 prefixes landed 3/2/2/1 on 4 workers (one served 146 of 300 requests, another none) and TTFT mean was 5% over
-sgl-router's; with the blocks computed as the tie-break they land 2/2/2/2. The wait alone (idle first whatever
-the balance) did the same: 38 against 108 requests, TTFT mean 4% worse at that point; so it decides only
-between balanced workers (``bench/router.py --parts prefix-virtual``, 4 seeds: TTFT p99 at 2x seed 1
-56.2 -> 47.3 ms, no point's mean worse). A worker that joins late wins near ties until it has computed its share.
+sgl-router's; with the blocks computed as the tie-break they land 2/2/2/2. Idle first whatever the balance did
+the same (38 against 108 requests, TTFT mean 4% worse at that point), so cost and wait decide only between
+balanced workers; with the fewest computed first among those too, some misses went to a worker mid-decode
+while another as balanced sat idle (47 -> 56-62 ms: kv_aware's TTFT p99 at 1x and 2x live). On
+``bench/router.py --parts prefix-virtual`` (4 seeds x 1/2/4x, a perfect load feed) TTFT p99 at 2x seed 1 went
+56.2 -> 47.3 ms and no point's mean got worse. A worker that joins late wins near ties until it has computed
+its share.
 """
 
 from __future__ import annotations
