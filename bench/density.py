@@ -73,9 +73,11 @@ OLD_LAYOUT_MAX_GPUS = 16
 """Beyond this the old layout (an actor per GPU, ~110 MiB and ~0.5 s of start-up each) does not fit the host."""
 
 
-def measured_layouts() -> list[tuple[str, dict[str, Any]]]:
-    """The layouts ``--layouts`` names, in the order of ``LAYOUTS`` then ``VARIANTS``."""
-    return [(k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in SETTINGS["layouts"]]
+def measured_layouts(part: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """The layouts ``--layouts`` names (for ``idle``, ``--idle-layouts`` when given), in the order of
+    ``LAYOUTS`` then ``VARIANTS``."""
+    names = SETTINGS.get(f"{part}_layouts") or SETTINGS["layouts"]
+    return [(k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in names]
 
 
 def spec(gpus: int, layout: dict[str, Any], scale: float = 1.0, nodes: int = 1) -> ClusterSpec:
@@ -116,16 +118,16 @@ def idle_part(quick: bool) -> dict[str, Any]:
     """Idle cores of each layout named in ``--layouts`` (its feed and clock), at 64 and 256 GPUs."""
     settle, window = (2.0, 4.0) if quick else (5.0, 15.0)
     out: dict[str, Any] = {"window_s": window, "gpus_per_actor": IDLE_GPUS_PER_ACTOR}
-    for gpus in (64,) if quick else (64, 256):
-        for label, layout in measured_layouts():
+    for gpus in (64,) if quick else SETTINGS["idle_gpus"]:
+        for label, layout in measured_layouts("idle"):
             r = idle(gpus, layout, settle, window)
             out[f"idle_{gpus}gpu_{label}"] = r
             print(f"idle {gpus} GPUs, {label} layout (feed and clock): {r}", flush=True)
         new, old = out.get(f"idle_{gpus}gpu_new", {}).get("cores"), out.get(f"idle_{gpus}gpu_old", {}).get("cores")
         out[f"idle_{gpus}gpu_cores_ratio_new_over_old"] = round(new / old, 4) if new is not None and old else None
-    if not quick:
+    if not quick and 256 in SETTINGS["idle_gpus"]:
         out["idle_256gpu_goal_cores"] = GOAL_IDLE_CORES_256
-        for label, _ in measured_layouts():
+        for label, _ in measured_layouts("idle"):
             out[f"idle_256gpu_{label}_goal_met"] = out[f"idle_256gpu_{label}"]["cores"] < GOAL_IDLE_CORES_256
     return out
 
@@ -134,7 +136,7 @@ LADDER_START_MAX = 8
 """The capacity ladder starts at half the GPUs in streams, at most this many: 64 GPUs started at 32 streams,
 already past what the host sustains, and so gave no sustained level at all."""
 
-SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "layouts": tuple(LAYOUTS)}
+SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "idle_gpus": (64, 256), "layouts": tuple(LAYOUTS)}
 """``level_s``: seconds of closed-loop load per capacity ladder level (``--level-s``)."""
 
 
@@ -305,11 +307,15 @@ def main() -> None:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
+    p.add_argument("--idle-gpus", default="64,256", help="idle: emulated GPU counts")
+    p.add_argument("--idle-layouts", default="", help="idle: layouts measured (default: those of --layouts)")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
                    help=f"idle, capacity and mooncake: layouts measured, of {', '.join([*LAYOUTS, *VARIANTS])}")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
     SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
+    SETTINGS["idle_gpus"] = tuple(int(g) for g in args.idle_gpus.split(","))
+    SETTINGS["idle_layouts"] = tuple(x for x in args.idle_layouts.split(",") if x in LAYOUTS or x in VARIANTS)
     SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS or x in VARIANTS)
     parts = [x for x in args.parts.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
