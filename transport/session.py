@@ -148,18 +148,18 @@ class FramedTransport(EndpointBase):
         timeout_s = self.clock.to_wall_s(dl - start)
         expires_at = time.time() + timeout_s
         progress = Progress()
-        if gate is None and len(blocks) == 1 and blocks[0].payload.nbytes <= SMALL_PUSH:
+        if gate is None and len(blocks) == 1 and (n := blocks[0].payload.nbytes) <= SMALL_PUSH:
             client = self._clients.get(address.location)
             conn = None if client is None else client.conn
-            if (client is not None and conn is not None and conn.ready
-                    and client.budget.try_acquire(blocks[0].payload.nbytes)):
+            if client is not None and conn is not None and conn.ready and client.budget.try_acquire(n):
                 try:
                     wall = await client.push_small(request_id, blocks[0], expires_at, progress, max(0.0, timeout_s),
                                                    address)
                 except TransportError as e:
                     e.maybe_delivered = progress.unknown
                     raise
-                return self._record("push", request_id, address.site, blocks, start, wall)
+                return TransferRecord.unshaped(request_id, "push", self.name, address.site, 1, n, start,
+                                               self.clock.now_ms() - start, wall * 1000.0)
         try:
             async with within(self.clock, dl, Described(self.name, "push", request_id, "to", address)):
                 client = await self._client(address)

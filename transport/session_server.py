@@ -169,7 +169,9 @@ class Server:
             f.release()
             self._ack(t, err)
             return
-        self._ack(t, None)  # the answer leaves first: the delivery below is in the same step and cannot fail
+        conn = self.conn
+        if conn.alive:  # the answer (a compact ACK) leaves first: the delivery below is in the same step and
+            conn.send_encoded(encode_ack(t))  # cannot fail; a gone peer needs no answer
         self.owner.inbox.deliver(RequestId(request_id),
                                  (Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo),),
                                  (f.lease,))
