@@ -65,6 +65,20 @@ def restore_priority(nice: int = 0) -> None:
             continue
 
 
+def claim_realtime(priority: int = 1) -> bool:
+    """Put every thread of this process under ``SCHED_RR`` at ``priority`` (threads started later inherit it);
+    False where the host does not allow it (no root or CAP_SYS_NICE, not Linux), leaving the threads as they were."""
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+        param = os.sched_param(priority)
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                os.sched_setscheduler(tid, os.SCHED_RR, param)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def freeze_heap() -> None:
     """Take everything allocated so far out of the cyclic collector's sight (``gc.freeze``).
 
@@ -118,6 +132,8 @@ class GpuWorker:
         """The spec's niceness for every thread here (again from the loop's thread at ``start``: threads
         started since inherit from their creator, which may not have been set)."""
         restore_priority(self.spec.engine_nice)
+        if self.spec.engine_realtime:
+            claim_realtime()
 
     async def start(self) -> dict[str, dict[str, Any]]:
         """Start every engine and its server; return each engine's URL and placement."""

@@ -61,12 +61,13 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"},
-    "new_timerfd": {"engine_clock": "timerfd"},
+    "new_timerfd": {"engine_clock": "timerfd"}, "new_rt_timerfd": {"engine_clock": "timerfd", "engine_realtime": True},
     "new_nice0": {"engine_nice": 0}, "new_nice10": {"engine_nice": -10}, "new_1proc": {"gpus_per_actor": 8}}
 """Measured only when ``--layouts`` names them: the default layout with another way of waking engines at their
 step deadlines (the default, ``thread``, wakes a helper thread and then the loop: two wake-ups a step, each one
 a wait for a core on a loaded host; ``spin`` has the loop already running at the deadline; ``timerfd`` wakes the
-loop itself on a timerfd armed at the deadline: one wake-up, no thread, no polling), with the engine
+loop itself on a timerfd armed at the deadline: one wake-up, no thread, no polling; ``rt``: the engine processes
+under ``SCHED_RR``, so a due step preempts the router and the load generator), with the engine
 processes at another niceness than the default -5 (0: level with the router and the load generator; where the
 host allows lowering it), or with every engine of the node in one process (up to 8 GPUs)."""
 OLD_LAYOUT_MAX_GPUS = 16

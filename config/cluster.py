@@ -315,6 +315,12 @@ class ClusterSpec(Frozen):
     60 s on 8 GPUs at scale 1, a loaded 2-core host, two runs): step-lag p99 13.5 / 12.7 ms at 0, 7.8 / 8.1 ms
     at -5, TTFT p50 within run-to-run noise. (A short EEVDF scheduler slice for the engine threads, tried
     alongside, did not help: 15.5 ms.)"""
+    engine_realtime: bool = False
+    """Run the engine processes' threads under the round-robin real-time policy (``SCHED_RR``, priority 1) where
+    the host allows it (root or CAP_SYS_NICE; else unchanged): a step that comes due preempts the router and the
+    load generator at once instead of waiting for the fair scheduler to pick it. The kernel's real-time
+    throttling (95% of the CPU by default) keeps the host usable when the engines saturate it. Off by default
+    (``bench/density.py`` variant ``new_rt_timerfd`` measures it)."""
     seed: int = 0
     regions: list[RegionSpec] = Field(default_factory=lambda: [RegionSpec(name="local")], min_length=1)
     wan: list[WanLinkSpec] = Field(default_factory=list)
