@@ -6,7 +6,7 @@ receiver together with the leases that keep their buffers alive until ``release`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NewType, Protocol, overload
 
@@ -105,6 +105,9 @@ class Block:
         return Block(self.block_id, memoryview(bytearray(self.payload)), self.layers, self.checksum,
                      self.checksum_algo)
 
+
+_view: Callable[[Any], memoryview] = memoryview
+"""``memoryview`` as a plain callable (for ``map``)."""
 
 # Slot setters for ``Block.over`` (a frozen dataclass forbids ``setattr``, not its slots' descriptors).
 _new_block = object.__new__
@@ -211,7 +214,7 @@ class Delivery:
             if len(into) != len(blocks):
                 raise ValueError(f"{len(into)} destination buffers for {len(blocks)} blocks")
             try:
-                views = list(map(memoryview, into))  # the views made in C: 0.1 us a block less than in the loop
+                views: list[memoryview] = list(map(_view, into))  # made in C: 0.1 us a block less than in the loop
                 for view, b in zip(views, blocks, strict=True):  # lengths were checked above
                     view[:] = b.payload  # memoryview assignment: a memcpy with less call overhead than numpy's
             except (TypeError, ValueError, NotImplementedError):  # another size, format or shape: checked
