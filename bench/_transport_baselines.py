@@ -21,7 +21,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,21 @@ def ucx_env(tls: str) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not (k in _UCXX_ENV and v == _UCXX_ENV[k])}
     return {**env, "UCX_TLS": tls, "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+@contextlib.contextmanager
+def ucx_environment(env: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``env`` applied (its UCX contexts read it when created), then restored."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def perftest_exe() -> Path | None:

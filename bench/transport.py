@@ -55,6 +55,7 @@ from bench._transport_baselines import (
     ucx_address,
     ucx_bare_throughput,
     ucx_env,
+    ucx_environment,
     ucx_perftest,
     ucx_unavailable,
 )
@@ -222,28 +223,22 @@ async def bench_ucx_over(name: str, tls: str, total: int, reps: int, perftest_it
     from transport.ucx import UcxTransport
 
     env = ucx_env(tls)
-    saved = {k: os.environ.get(k) for k in env if os.environ.get(k) != env[k]}
     perf = await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters)
-    os.environ.update(env)  # this process's UCX contexts read the environment when created
-    bare, sink = Child("ucx-bare-sink", env), Child("ucx-sink", env)
-    try:
-        addr = ucx_address(sink.location)
-        bare_s = ours_s = float("inf")
-        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
-        for _ in range(reps):  # alternate, so load from elsewhere on the host hits both alike
-            bare_s = min(bare_s, await ucx_bare_throughput(bare.location, total, 1))
-            ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
-        lat = await push_latency(t, addr, 4096, 200)
-        paths = dict(t.paths)
-        await t.close()
-    finally:
-        bare.close()
-        sink.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with ucx_environment(env):
+        bare, sink = Child("ucx-bare-sink", env), Child("ucx-sink", env)
+        try:
+            addr = ucx_address(sink.location)
+            bare_s = ours_s = float("inf")
+            t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
+            for _ in range(reps):  # alternate, so load from elsewhere on the host hits both alike
+                bare_s = min(bare_s, await ucx_bare_throughput(bare.location, total, 1))
+                ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
+            lat = await push_latency(t, addr, 4096, 200)
+            paths = dict(t.paths)
+            await t.close()
+        finally:
+            bare.close()
+            sink.close()
     ours, bare_gbps = gbps(total, ours_s), gbps(total, bare_s)
     best_name, best = max((("ucx_perftest", perf.get("gbps") or 0.0), ("bare_ucxx_loop", bare_gbps)),
                           key=lambda kv: kv[1])

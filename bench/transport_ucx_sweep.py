@@ -34,6 +34,7 @@ from bench._transport_baselines import (
     MiB,
     ucx_address,
     ucx_env,
+    ucx_environment,
     ucx_perftest,
     ucx_unavailable,
 )
@@ -48,32 +49,27 @@ async def sweep_over(tls: str, trials: int, perftest_iters: int, total: int) -> 
     from transport.ucx import UcxTransport
 
     env = ucx_env(tls)
-    saved = {k: os.environ.get(k) for k in env}
     perfs = [await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters)]
-    os.environ.update(env)  # this process's UCX contexts read the environment when created
-    sinks = {name: Child(kind, env) for name, kind in RECEIVERS.items()}
-    senders = {w: UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address",
-                                                                  ucx_inflight_bytes=w * MiB)) for w in WINDOWS_MIB}
     combos = list(itertools.product(WINDOWS_MIB, RECEIVERS))
     seconds: dict[tuple[int, str], list[float]] = {c: [] for c in combos}
-    try:
-        addrs = {name: ucx_address(s.location) for name, s in sinks.items()}
-        for w, name in combos:  # warm every connection and receiver pool once
-            await push_throughput(senders[w], addrs[name], total, 1)
-        for _ in range(trials):
-            for w, name in combos:
-                seconds[(w, name)].append(await push_throughput(senders[w], addrs[name], total, 1))
-        perfs.append(await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters))  # perftest spreads too
-    finally:
-        for t in senders.values():
-            await t.close()
-        for s in sinks.values():
-            s.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with ucx_environment(env):
+        sinks = {name: Child(kind, env) for name, kind in RECEIVERS.items()}
+        senders = {w: UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address",
+                                                                      ucx_inflight_bytes=w * MiB))
+                   for w in WINDOWS_MIB}
+        try:
+            addrs = {name: ucx_address(s.location) for name, s in sinks.items()}
+            for w, name in combos:  # warm every connection and receiver pool once
+                await push_throughput(senders[w], addrs[name], total, 1)
+            for _ in range(trials):
+                for w, name in combos:
+                    seconds[(w, name)].append(await push_throughput(senders[w], addrs[name], total, 1))
+        finally:
+            for t in senders.values():
+                await t.close()
+            for s in sinks.values():
+                s.close()
+    perfs.append(await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters))  # perftest spreads too
     perf = max(perfs, key=lambda p: p.get("gbps") or 0.0)  # the best the host did
     out: dict[str, Any] = {"tls": tls, "ucx_perftest": perf, "ucx_perftest_gbps_runs": [p.get("gbps") for p in perfs]}
     for (w, name), secs in seconds.items():
