@@ -107,15 +107,15 @@ def _router(engines: dict[str, Any], spec_json: str, q: Any, cmd: Any, dump: str
 
 
 def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
-        modes: tuple[str, ...] = ("plain", "profile")) -> dict[str, Any]:
+        modes: tuple[str, ...] = ("plain", "profile"), layout: str = "new") -> dict[str, Any]:
     """Per process CPU us per output token, plain then profiled (``dump``: a folder for the pstats files)."""
     import uvloop
 
-    from bench.density import spec
+    from bench.density import LAYOUTS, VARIANTS, spec
     from bench.engine import closed_loop
     from cluster.launch import pack_engines
 
-    s = spec(gpus, {})
+    s = spec(gpus, {k: v for k, v in {**LAYOUTS, **VARIANTS}[layout].items() if k not in ("gpus_per_actor",)})
     groups = pack_engines(s.engines(), gpus)  # every engine in one worker: one process to profile
     ctx = mp.get_context("spawn")
     wq, wcmd, rq, rcmd = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
@@ -126,7 +126,7 @@ def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
     router = ctx.Process(target=_router, args=(engines, s.model_dump_json(), rq, rcmd, dump), daemon=True)
     router.start()
     url = rq.get(timeout=120)
-    out: dict[str, Any] = {"gpus": gpus, "streams": streams, "window_s": seconds}
+    out: dict[str, Any] = {"gpus": gpus, "streams": streams, "window_s": seconds, "layout": layout}
     try:
         uvloop.run(closed_loop(url, streams, 1.0, 0))  # warm connections and caches
         for mode in modes:
@@ -170,12 +170,13 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--streams", type=int, default=48)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--layout", default="new", help="a layout or variant of bench/density.py (its engine settings)")
     p.add_argument("--modes", default="plain,profile", help="windows measured: plain (unprofiled), profile")
     p.add_argument("--dump", default=None, help="a folder to write each process's pstats file into")
     args = p.parse_args()
     gc.collect()
     result = {"bench": "density_profile", **run(args.gpus, args.streams, 4.0 if args.quick else args.seconds,
-                                                     args.dump, tuple(args.modes.split(",")))}
+                                                     args.dump, tuple(args.modes.split(",")), args.layout)}
     emit(result)
 
 
