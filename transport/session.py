@@ -19,6 +19,12 @@ everything staged on it. A commit carries the sender's deadline (``time.time()``
 to keep their clocks in step to well under a deadline): a receiver that reads it later, because it
 was backlogged, refuses it rather than deliver a push its sender already reported as failed.
 
+Small pushes (one block of at most ``SMALL_PUSH`` bytes, no gate, on a connection ready to write) take
+a fast path with the same guarantees: one small-push frame (fixed-layout metadata, no msgpack; see
+:mod:`transport.frame`) written with its payload in one write, one future for the answer, and the
+connection's shared deadline timer instead of a timer of their own; the receiver decodes it in one
+step and answers with a compact ACK before it delivers the block.
+
 Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block and
 ``PULL_END`` (or ``PULL_END`` with an error). A puller that gives up sends ``CANCEL``; the server stops.
 

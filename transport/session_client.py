@@ -121,6 +121,10 @@ class Progress:
         return self.commit_sent and not self.answered
 
 
+TIMER_SLACK = 1e-3
+"""Event-loop timers fire to within about a millisecond (uvloop's resolution), possibly early."""
+
+
 class Client:
     """The initiator's connection to one peer and its transfers in flight.
 
@@ -151,7 +155,7 @@ class Client:
     def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """The deadline sweep: fail the small pushes past their deadline, then wait for the next deadline."""
         self._sweep, self._sweep_at = None, math.inf
-        now = loop.time()
+        now = loop.time() + TIMER_SLACK  # a timer may fire up to its resolution early: that counts as due
         nxt = math.inf
         for p in list(self.pending.values()):
             if isinstance(p, Reply) and not p.fut.done():
