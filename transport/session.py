@@ -71,6 +71,7 @@ from transport.frame import (
 from transport.pool import BufferPool
 from transport.session_client import Client, Pending, Progress
 from transport.session_server import Server, Staged
+from transport.verify import Verifier
 
 __all__ = ["MAX_STAGED_PER_CONNECTION", "YIELD_BYTES", "Client", "Connection", "FramedTransport", "Handler",
            "Pending", "Progress", "Server", "Staged"]
@@ -92,6 +93,8 @@ class FramedTransport(EndpointBase):
         self._conns: set[Connection] = set()
         self.frame_errors = 0
         self.connects = 0
+        self.verifier = Verifier()
+        """Computes and checks payload checksums of at least ``verify_thread_min_bytes`` off the loop's thread."""
 
     @property
     def closed(self) -> bool:
@@ -221,5 +224,6 @@ class FramedTransport(EndpointBase):
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+        self.verifier.close()
         self.inbox.close()
         self.offers.clear()

@@ -27,7 +27,7 @@ from transport.base import (
     TransportError,
     error_from_wire,
 )
-from transport.checksum import checksum_of, pick
+from transport.checksum import ChecksumChoice, checksum_of, pick
 from transport.connection import YIELD_BYTES, Connection
 from transport.endpoint import ByteBudget, Described
 from transport.frame import (
@@ -306,11 +306,14 @@ class Client:
             end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
             last = len(blocks) - 1
             unyielded = 0
+            sums = self._checksums_ahead(blocks, algo)
             for i, b in enumerate(blocks):
                 if unyielded >= YIELD_BYTES:
                     unyielded = 0
                     await asyncio.sleep(0)  # let concurrent transfers interleave
                 unyielded += b.nbytes
+                if sums is not None and (ahead := sums[i]) is not None:
+                    b = Block.decoded(b.block_id, b.payload, b.layers, await ahead, pick(algo, b.nbytes))
                 await conn.drain()
                 meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
                 if i == last:
@@ -337,6 +340,17 @@ class Client:
             self.pending.pop(tid, None)
             if held:
                 self.budget.release(held)
+
+    def _checksums_ahead(self, blocks: Sequence[Block],
+                         algo: ChecksumChoice) -> list[asyncio.Future[int] | None] | None:
+        """The checksums a push's large blocks lack, started on the verifier thread so each is computed while
+        the loop writes the blocks before it (None when no block needs one there)."""
+        least = self.owner.options.verify_thread_min_bytes
+        if not least or all(b.checksum is not None or b.nbytes < least for b in blocks):
+            return None
+        verifier = self.owner.verifier
+        return [verifier.checksum(pick(algo, b.nbytes), b.payload) if b.checksum is None and b.nbytes >= least
+                else None for b in blocks]
 
     async def pull(self, request_id: RequestId, block_ids: Sequence[BlockId],
                    on_size: SizeHook | None) -> tuple[list[Block], list[Lease], float]:

@@ -248,11 +248,9 @@ class TcpTransport(FramedTransport):
         super().__init__(*args, **kwargs)
         self._server: asyncio.Server | None = None
         self._address: Address | None = None
-        self._verifier = Verifier()
-        """Checks received payloads of at least ``verify_thread_min_bytes`` off the loop's thread."""
 
     def _connection(self, make_handler: Callable[[FrameConnection], Handler]) -> FrameConnection:
-        return FrameConnection(self.pool, self.limits, make_handler, self._count_frame_error, self._verifier,
+        return FrameConnection(self.pool, self.limits, make_handler, self._count_frame_error, self.verifier,
                                self.options.verify_thread_min_bytes)
 
     async def serve(self) -> Address:
@@ -291,4 +289,3 @@ class TcpTransport(FramedTransport):
     async def _serving_stopped(self) -> None:
         if self._server is not None:
             await self._server.wait_closed()
-        self._verifier.close()

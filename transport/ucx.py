@@ -323,7 +323,8 @@ class UcxConnection:
                 self._lose(exc)
             return
         h = slot.header
-        if self.w.verify_min and h.payload_len >= self.w.verify_min and slot.lease is not None:
+        if (self.w.verifier is not None and self.w.verify_min and h.payload_len >= self.w.verify_min
+                and slot.lease is not None):
             # verified off the loop's thread while the loop receives on; not done (nor recyclable) until then
             self.w.verifier.submit(h.algo, slot.lease.view, h.checksum, functools.partial(self._verified, slot))
             return
@@ -439,7 +440,7 @@ class UcxTransport(FramedTransport):
 
     def _worker(self) -> UcxWorker:
         if self._w is None:
-            self._w = UcxWorker(self.options.verify_thread_min_bytes)
+            self._w = UcxWorker(self.verifier, self.options.verify_thread_min_bytes)
         return self._w
 
     async def serve(self) -> Address:

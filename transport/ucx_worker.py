@@ -96,7 +96,7 @@ class UcxWorker:
     receives), then the worker stops progressing.
     """
 
-    def __init__(self, verify_min: int = VERIFY_THREAD_MIN) -> None:
+    def __init__(self, verifier: Verifier | None = None, verify_min: int = VERIFY_THREAD_MIN) -> None:
         lib = _ucxx()
         self.lib = lib
         self.loop = asyncio.get_running_loop()
@@ -114,8 +114,9 @@ class UcxWorker:
         self._task = self.loop.create_task(self._run())
         self.spins = 0
         self.sleeps = 0
-        self.verifier = Verifier()
-        """Checks received payloads of at least ``verify_min`` bytes (0: none) off the loop's thread."""
+        self.verifier = verifier
+        """Checks received payloads of at least ``verify_min`` bytes off the loop's thread (None: none; its
+        owner, the transport, closes it)."""
         self.verify_min = verify_min
 
     @property
@@ -236,7 +237,6 @@ class UcxWorker:
                 break
             await asyncio.sleep(0)
         self._closed = True
-        self.verifier.close()
         if self._kick is not None and not self._kick.done():
             self._kick.set_result(None)
         with contextlib.suppress(asyncio.CancelledError):

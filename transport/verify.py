@@ -23,6 +23,7 @@ raises reports the payload as not intact (the frame then fails with ``IntegrityE
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -34,41 +35,57 @@ VERIFY_THREAD_MIN = 256 * 1024
 what hashing 64 KiB costs); smaller ones are verified inline."""
 
 Verdict = Callable[[bool], None]
+Sum = Callable[[int | None], None]
+"""Called on the loop with a payload's checksum (None when the checksum function failed)."""
 
 
 class Verifier:
-    """A checksum thread for one event loop (see the module docstring)."""
+    """A checksum thread for one event loop (see the module docstring).
+
+    It also computes checksums a sender lacks (``checksum``): a push's large blocks are hashed here
+    while the loop writes the blocks before them.
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: queue.SimpleQueue[tuple[ChecksumName, memoryview, int, Verdict] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[ChecksumName, memoryview, Sum] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def submit(self, algo: ChecksumName, payload: memoryview, expected: int, done: Verdict) -> None:
         """Check ``payload`` on the thread; ``done(intact)`` runs on the running loop (the one of the first
         submission: a verifier serves one loop) afterwards."""
+        self._put(algo, payload, functools.partial(_judge, expected, done))
+
+    def checksum(self, algo: ChecksumName, payload: memoryview) -> asyncio.Future[int]:
+        """``payload``'s checksum under ``algo``, computed on the thread."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._put(algo, payload, functools.partial(_resolve, fut))
+        return fut
+
+    def _put(self, algo: ChecksumName, payload: memoryview, done: Sum) -> None:
         if self._closed:
             raise RuntimeError("verifier closed")
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._thread = threading.Thread(target=self._work, name="kvmesh-verify", daemon=True)
             self._thread.start()
-        self._queue.put((algo, payload, expected, done))
+        self._queue.put((algo, payload, done))
 
     def _work(self) -> None:
         while True:
             item = self._queue.get()
             if item is None or self._closed:
                 return
-            algo, payload, expected, done = item
+            algo, payload, done = item
+            value: int | None
             try:
-                intact = checksum_of(algo, payload) == expected
+                value = checksum_of(algo, payload)
             except Exception:
-                intact = False
+                value = None
             assert self._loop is not None
             try:
-                self._loop.call_soon_threadsafe(done, intact)
+                self._loop.call_soon_threadsafe(done, value)
             except RuntimeError:  # the loop closed: nobody waits any more
                 return
 
@@ -78,3 +95,16 @@ class Verifier:
             return
         self._closed = True
         self._queue.put(None)
+
+
+def _judge(expected: int, done: Verdict, value: int | None) -> None:
+    done(value == expected)
+
+
+def _resolve(fut: asyncio.Future[int], value: int | None) -> None:
+    if fut.done():  # its push gave up meanwhile
+        return
+    if value is None:
+        fut.set_exception(ValueError("the checksum function failed on this payload"))
+    else:
+        fut.set_result(value)

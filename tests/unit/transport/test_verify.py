@@ -39,3 +39,11 @@ async def test_a_closed_verifier_drops_pending_checks() -> None:
         assert "closed" in str(e)
     else:
         raise AssertionError("submit after close must fail")
+
+
+async def test_checksums_computed_on_the_thread_match_the_inline_ones() -> None:
+    v = Verifier()
+    payloads = [memoryview(bytes(range(256)) * (1200 + i)) for i in range(3)]
+    sums = [v.checksum("xxh3", p) for p in payloads]
+    assert [await s for s in sums] == [checksum_of("xxh3", p) for p in payloads]
+    v.close()
