@@ -4,10 +4,10 @@ beside ``ucx_perftest -t tag_bw`` over the same transports, measured in the same
 For each UCX transport set (``sm,self`` and ``tcp,self``): ``ucx_perftest`` (before and after the
 trials; the better run is the baseline), and 64 MiB pushes
 (1 MiB blocks, 4 per push, all at once) into a receiver in another process, for every combination of
-the sender's window (``ucx_inflight_bytes``) and where the receiver verifies payloads (on a thread of
-its own, the default, or on the event loop's thread), trials alternating between combinations so load
-from elsewhere on the host hits each alike. Each figure is the best trial and the median, in GB/s, with
-its ratio to perftest. Every payload is verified before delivery in every combination.
+the sender's window (``ucx_inflight_bytes``) and where checksums are computed (sender) and verified
+(receiver): on a thread of their own, the default, or on the event loop's thread; trials alternating
+between combinations so load from elsewhere on the host hits each alike. Each figure is the best trial
+and the median, in GB/s, with its ratio to perftest. Every payload is verified before delivery in every combination.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from bench._transport_baselines import (
 )
 from bench.transport import gbps, push_throughput, ratio
 from transport import TransportOptions
+from transport.verify import VERIFY_THREAD_MIN
 
 WINDOWS_MIB = (4, 8)
 RECEIVERS = {"verify_thread": "ucx-sink", "verify_on_loop": "ucx-sink-inline"}
@@ -54,16 +55,16 @@ async def sweep_over(tls: str, trials: int, perftest_iters: int, total: int) -> 
     seconds: dict[tuple[int, str], list[float]] = {c: [] for c in combos}
     with ucx_environment(env):
         sinks = {name: Child(kind, env) for name, kind in RECEIVERS.items()}
-        senders = {w: UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address",
-                                                                      ucx_inflight_bytes=w * MiB))
-                   for w in WINDOWS_MIB}
+        senders = {(w, name): UcxTransport(SENDER, Clock(), TransportOptions(
+            ucx_same_host="worker_address", ucx_inflight_bytes=w * MiB,
+            verify_thread_min_bytes=VERIFY_THREAD_MIN if name == "verify_thread" else 0)) for w, name in combos}
         try:
             addrs = {name: ucx_address(s.location) for name, s in sinks.items()}
             for w, name in combos:  # warm every connection and receiver pool once
-                await push_throughput(senders[w], addrs[name], total, 1)
+                await push_throughput(senders[(w, name)], addrs[name], total, 1)
             for _ in range(trials):
                 for w, name in combos:
-                    seconds[(w, name)].append(await push_throughput(senders[w], addrs[name], total, 1))
+                    seconds[(w, name)].append(await push_throughput(senders[(w, name)], addrs[name], total, 1))
         finally:
             for t in senders.values():
                 await t.close()
