@@ -21,7 +21,8 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
 - Attention (``attention_prefill``): causal (query, key) pairs of the chunks x heads x (4 x head_dim +
   ``SCORE_FLOPS``) FLOPs, prior context's KV read; (``attention_decode``, ``attention_decode_fp8`` over an
   fp8 cache, fitted on its own rows): every decode's context KV read.
-- Fused MoE (``moe``/``moe_fp8``): top-k token-expert pairs, the expected distinct experts' weights read;
+- Fused MoE (``moe``/``moe_fp8``): top-k token-expert pairs, the expected distinct experts' weights read,
+  the intermediate tensors over every routed pair (``moe_work``);
   with expert parallelism (EP) each rank holds ``experts / ep`` and sees the tokens of every DP rank,
   gathered before and reduce-scattered after the experts across the node link.
 - All-reduce: 2 per layer when TP > 1, vLLM's custom all-reduce as measured (``allreduce``).
@@ -35,6 +36,9 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
   GPU's step n, so only GPU-visible time counts: ``step_overhead_us`` and ``request_overhead_us``.
   Defaults from BLIS's published H100 fit (``../shared/calibration/blis_h100_coefficients``: 126 us per
   step, 4.42 us per request, 32.1 us per layer).
+- Synchronous scheduling (``async_scheduling=False``, vLLM 0.11's default): the engine core's loop is
+  ``schedule() -> execute_model() -> update_from_output()`` and the GPU waits for the CPU's part of each
+  step, so every step also pays ``SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US x sequences`` (``sync_cpu_ms``).
 
 An ``EmpiricalCostModel`` takes fixed rates instead (the lessons card's ``lesson-70b-fp8``); the card's
 closed forms for one request are ``ms_colocated`` and ``ms_disaggregated``.
@@ -64,6 +68,16 @@ SCORE_FLOPS = 192.0
 # vLLM 0.19 CompilationConfig: the largest capture size is min(2 x max_num_seqs, 512).
 MAX_CAPTURE_SIZE = 512
 FIXED_TERMS_CACHE = 1 << 16
+SYNC_STEP_CPU_US = 430.0
+"""CPU time per step the GPU waits for without async scheduling: ``Scheduler.schedule()`` 0.2 ms, the model
+runner's ``_update_states`` at least 0.18 ms and ``_prepare_inputs`` at least 0.05 ms per decode step, as
+profiled in vLLM PR #42131 ("Decode fast path for scheduler and model runner", 2026-05, B200: the fast paths
+save 0.15, 0.18 and 0.05 ms of them). A lower bound: the sampler's GPU->CPU copy, the executor's IPC to its
+TP workers and output serialization are not counted."""
+SYNC_REQUEST_CPU_US = 1.1
+"""CPU time per scheduled sequence the GPU waits for without async scheduling: ``update_from_output()`` over the
+batch, 0.142 ms at 128 sequences and 0.287 ms at 256 (vLLM PR #46112's micro-benchmark,
+``benchmarks/overheads/benchmark_scheduler_update_from_output.py``, 2026-06): 1.1 us per sequence."""
 """Entries of a roofline model's memo of a step's terms other than attention (cleared when full)."""
 
 
@@ -90,14 +104,26 @@ def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp
     ``tokens`` is every DP rank's tokens (EP sees them all); a rank holds ``experts / ep`` experts, each
     with ``inter / tp`` of its width. Uniform routing: an expert is missed by one token with probability
     ``1 - k/E``, so ``E_local x (1 - (1 - k/E)^tokens)`` distinct local experts are read.
+
+    Bytes: the touched experts' weights, the local pairs' inputs (hidden) and down-projection inputs (width),
+    and the intermediate tensors of vLLM's Triton ``fused_experts``, which are sized by every routed pair
+    (``tokens x topk``) whatever the rank holds: the first GEMM writes ``[tokens, topk, up]`` (an expert
+    another rank holds has id -1 in ``expert_map``, and ``fused_moe_kernel`` writes zeros for its blocks),
+    the activation reads it and writes ``[tokens x topk, width]``, the second GEMM writes
+    ``[tokens, topk, hidden]`` (zeros again for remote experts) and ``moe_sum`` reads it back
+    (``vllm/model_executor/layers/fused_moe/fused_moe.py``). With wide EP these writes, not the expert
+    GEMMs, set the time: the 256-expert tables' time at 16,384 tokens stops falling at EP 64-256.
     """
     local = experts / ep
-    pairs = tokens * topk / ep
+    routed = tokens * topk
+    pairs = routed / ep
     width = inter / tp
     mats = 3 if gated else 2
+    up = (mats - 1) * width
     touched = local * (1.0 - (1.0 - topk / experts) ** tokens)
     flops = 2.0 * pairs * mats * hidden * width
-    nbytes = touched * mats * hidden * width * weight_bytes + pairs * 2 * hidden * ACTIVATION_BYTES
+    weights = touched * mats * hidden * width * weight_bytes
+    nbytes = weights + (pairs * (hidden + width) + routed * (2 * up + width + 2 * hidden)) * ACTIVATION_BYTES
     return flops, nbytes, pairs, touched * width
 
 
@@ -173,7 +199,8 @@ class StepTime:
     """One step's predicted duration (emulated ms) and its parts.
 
     ``compute_ms``: GEMMs, MoE and the LM head; ``memory_ms``: attention (KV reads); ``comm_ms``:
-    all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs;
+    all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs, and the CPU's
+    part without async scheduling;
     ``kernels_ms``: the per-layer small kernels (norms, rotary, KV write, activation).
     ``graph``: ``full``, ``piecewise`` or ``eager``; ``padded_tokens``: tokens the graphs ran at.
     """
@@ -210,7 +237,8 @@ class RooflineCostModel:
     running attention on its own batch; the other DP ranks are assumed to carry as many tokens (vLLM steps
     DP ranks together) and their tokens reach the experts by an all-to-all dispatch and combine. ``max_num_seqs`` and
     ``max_num_batched_tokens`` set the CUDA graph capture sizes; ``cudagraphs=False`` runs every step
-    eagerly (vLLM's ``enforce_eager``).
+    eagerly (vLLM's ``enforce_eager``); ``async_scheduling=False`` adds the CPU's part of each step
+    (``sync_cpu_ms``), which async scheduling hides behind the previous step.
 
     Invariants: a step's time never decreases when tokens, sequences or contexts grow (the efficiency
     curves are fitted under that constraint); an empty step takes zero time.
@@ -218,7 +246,7 @@ class RooflineCostModel:
 
     def __init__(self, hardware: HardwareProfile, model: ModelProfile, tp: int = 1,
                  efficiency: Efficiency | None = None, *, ep: int = 1, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, cudagraphs: bool = True) -> None:
+                 max_num_batched_tokens: int = 8192, cudagraphs: bool = True, async_scheduling: bool = True) -> None:
         if tp < 1 or ep < 1:
             raise ValueError("tp and ep must be at least 1")
         if model.moe is None:
@@ -233,6 +261,7 @@ class RooflineCostModel:
         self.max_context = model.max_context
         self.eff = eff = efficiency or hardware.efficiency
         self.capture = capture_sizes(max_num_seqs, max_num_batched_tokens) if cudagraphs else ()
+        self.async_scheduling = async_scheduling
         fp8 = model.gemm_dtype in ("fp8", "fp4", "int4")
         self._gemm: OpFit = eff.gemm_fp8 if fp8 else eff.gemm
         self._bf16_bound = fp8 and eff.gemm_fp8_bf16_bound
@@ -323,6 +352,13 @@ class RooflineCostModel:
         return self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
                                 self._hbm, n)
 
+    def sync_cpu_ms(self, seqs: int) -> float:
+        """The CPU's part of a step that the GPU waits for: none with async scheduling, else
+        ``SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US x seqs``."""
+        if self.async_scheduling:
+            return 0.0
+        return (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * seqs) / 1e3
+
     def graph_mode(self, shape: StepShape) -> tuple[str, int]:
         """(``full`` | ``piecewise`` | ``eager``, tokens the step runs at after padding)."""
         tokens = shape.tokens
@@ -363,7 +399,8 @@ class RooflineCostModel:
             gemms = self.layer_gemms_ms(padded) + self.lm_head_ms(seqs)
             comm = self.allreduce_ms(padded) + self.alltoall_ms(padded)
             overhead = (self.eff.step_overhead_us + self.eff.request_overhead_us * seqs
-                        + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3
+                        + (self.eff.layer_overhead_us * m.num_layers if mode != "full" else 0.0)) / 1e3 \
+                + self.sync_cpu_ms(seqs)
             if len(self._fixed) >= FIXED_TERMS_CACHE:
                 self._fixed.clear()
             terms = self._fixed[key] = (gemms, comm, overhead, self.layer_kernels_ms(padded))

@@ -76,7 +76,8 @@ def build_engine(inst: EngineInstance, kv_payload_scale: float = 1.0) -> tuple[E
     if inst.model is not None:
         cost = RooflineCostModel(inst.hardware, inst.model, inst.tp, ep=inst.group.ep,
                                  max_num_seqs=sched.max_num_seqs,
-                                 max_num_batched_tokens=sched.max_num_batched_tokens)
+                                 max_num_batched_tokens=sched.max_num_batched_tokens,
+                                 async_scheduling=sched.async_scheduling)
         blocks = kv_blocks_for(inst.model, inst.hardware, inst.tp, sched, inst.group.ep)
         vocab = inst.model.vocab_size
         name = inst.model.name

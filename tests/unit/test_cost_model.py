@@ -11,11 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.cost_model import (
+    SYNC_REQUEST_CPU_US,
+    SYNC_STEP_CPU_US,
     EmpiricalCostModel,
     RooflineCostModel,
     StepShape,
     capture_sizes,
     crossover,
+    moe_work,
     ms_colocated,
     ms_disaggregated,
     request_colocated,
@@ -121,6 +124,21 @@ def test_small_kernels_move_the_architectures_bytes_and_add_to_every_step() -> N
                                           + step.kernels_ms)
 
 
+def test_synchronous_scheduling_adds_the_cpus_part_of_every_step() -> None:
+    # Without async scheduling the GPU waits for schedule(), input preparation and update_from_output():
+    # a fixed part per step and a part per scheduled sequence, counted as overhead; async hides them.
+    hw, m = CAT.hardware.get("h100-80g-sxm"), CAT.models.get("llama-3.1-70b-fp8")
+    hidden = RooflineCostModel(hw, m, 4)
+    sync = RooflineCostModel(hw, m, 4, async_scheduling=False)
+    for shape in (StepShape.of(decodes=[2000] * 16), StepShape.of(prefills=[(512, 0)], decodes=[900] * 3)):
+        a, s = hidden.step(shape), sync.step(shape)
+        cpu = (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * shape.seqs) / 1e3
+        assert s.total_ms - a.total_ms == pytest.approx(cpu)
+        assert s.overhead_ms - a.overhead_ms == pytest.approx(cpu)
+        assert s.compute_ms == a.compute_ms and s.memory_ms == a.memory_ms
+    assert sync.step(StepShape()).total_ms == 0.0
+
+
 def test_mixed_batches_run_piecewise_and_large_ones_eagerly() -> None:
     cm = RooflineCostModel(CAT.hardware.get("h100-80g-sxm"), CAT.models.get("llama-3.1-8b"), 1, max_num_seqs=128,
                            max_num_batched_tokens=2048)
@@ -204,6 +222,21 @@ def test_moe_reads_only_touched_experts_and_computes_active_params() -> None:
     hw = CAT.hardware.get("h100-80g-sxm")
     shape = StepShape.of(decodes=[1000])
     assert RooflineCostModel(hw, moe).step(shape).total_ms < RooflineCostModel(hw, dense).step(shape).total_ms
+
+
+def test_fused_moe_intermediates_cover_every_routed_pair_whatever_the_ep() -> None:
+    # vLLM's Triton fused_experts sizes its intermediate tensors by tokens x topk and writes zeros for the
+    # pairs routed to another rank's experts: with wide EP that traffic, not the experts, is the floor.
+    tokens, hidden, inter, topk, experts = 16384.0, 7168, 2048, 8, 256
+    floor = tokens * topk * (2 * 2 * inter + inter + 2 * hidden) * 2
+    flops_1, bytes_1, pairs_1, _ = moe_work(tokens, hidden, inter, topk, experts, 1, 1, 1.0)
+    flops_256, bytes_256, pairs_256, _ = moe_work(tokens, hidden, inter, topk, experts, 1, 256, 1.0)
+    assert pairs_256 == pytest.approx(pairs_1 / 256) and flops_256 == pytest.approx(flops_1 / 256)
+    assert floor < bytes_256 < 1.01 * floor  # the one expert's weights and its pairs' inputs are the rest
+    assert bytes_1 > bytes_256
+    one_token = moe_work(1.0, hidden, inter, topk, experts, 1, 1, 1.0)[1]
+    assert one_token == pytest.approx(topk * 3 * hidden * inter + (topk * (hidden + inter)
+                                      + topk * (5 * inter + 2 * hidden)) * 2)
 
 
 def test_kv_bytes_per_token_follow_the_architecture() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from actors.cost_model import StepShape
+from actors.cost_model import RooflineCostModel, StepShape
 from actors.engine.factory import build_engine
 from actors.profile_cost import ProfileCostModel
 from config.catalog import default_catalog
@@ -108,7 +108,9 @@ def test_an_engine_spec_selects_the_profile_instead_of_the_roofline(tmp_path: Pa
     assert (cfg.limits.long_prefill_token_threshold, cfg.limits.policy, cfg.limits.async_scheduling) == (
         256, "priority", False)
     _, roofline = build_engine(spec(tmp_path, None).engines()[0])
-    assert not isinstance(roofline, ProfileCostModel)
+    assert isinstance(roofline, RooflineCostModel) and roofline.async_scheduling
+    _, sync = build_engine(spec(tmp_path, None, async_scheduling=False).engines()[0])
+    assert isinstance(sync, RooflineCostModel) and not sync.async_scheduling  # the CPU's part is charged
 
 
 def test_a_spec_naming_a_bad_profile_fails_at_load_with_the_row(tmp_path: Path) -> None:
