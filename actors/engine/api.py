@@ -5,6 +5,7 @@ them; split out so the step loop's module stays about the loop)."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -88,13 +89,54 @@ class Reservation:
     expires_ms: float
 
 
+class EventQueue:
+    """A request's events between the step loop (one producer, never blocked) and its handler (one consumer).
+
+    ``asyncio.Queue``'s interface where the engine uses it (``put_nowait``, ``get``, ``get_nowait``, ``empty``)
+    on a deque and one waiter future, without its bound, its getter and putter queues and their bookkeeping:
+    every output token passes through one (1 us less per token in a microbenchmark, on a path each token of
+    each request takes). Single consumer: a second concurrent ``get`` is a bug and raises.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[StreamEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, ev: StreamEvent) -> None:
+        self._items.append(ev)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> StreamEvent:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self) -> StreamEvent:
+        while not self._items:
+            if self._waiter is not None:
+                raise RuntimeError("a request stream has one reader")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 class RequestStream:
     """The engine's output for one request, consumed by the API handler."""
 
     def __init__(self, engine: Engine, seq: Sequence) -> None:
         self.engine = engine
         self.seq = seq
-        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.queue = EventQueue()
 
     @property
     def request_id(self) -> RequestId:
