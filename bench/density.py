@@ -144,7 +144,7 @@ SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "idle_gpus": (
 def capacity_part(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
     for gpus in (4,) if quick else SETTINGS["gpus"]:
-        for label, layout in measured_layouts():
+        for label, layout in measured_layouts("capacity"):
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
                 out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
                 continue
@@ -224,7 +224,7 @@ def mooncake_part(quick: bool) -> dict[str, Any]:
         return {"mooncake_skipped": f"{MOONCAKE} is absent"}
     seconds = 15.0 if quick else 60.0
     out: dict[str, Any] = {"mooncake_seconds": seconds}
-    for label, layout in measured_layouts():
+    for label, layout in measured_layouts("mooncake"):
         if quick and label == "old":
             continue
         out[f"mooncake_8gpu_{label}"] = mooncake(label, layout, seconds)
@@ -309,14 +309,17 @@ def main() -> None:
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
     p.add_argument("--idle-gpus", default="64,256", help="idle: emulated GPU counts")
-    p.add_argument("--idle-layouts", default="", help="idle: layouts measured (default: those of --layouts)")
+    for part in ("idle", "capacity", "mooncake"):
+        p.add_argument(f"--{part}-layouts", default="", help=f"{part}: layouts measured (default: those of --layouts)")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
                    help=f"idle, capacity and mooncake: layouts measured, of {', '.join([*LAYOUTS, *VARIANTS])}")
     args = p.parse_args()
     SETTINGS["level_s"] = args.level_s
     SETTINGS["gpus"] = tuple(int(g) for g in args.gpus.split(","))
     SETTINGS["idle_gpus"] = tuple(int(g) for g in args.idle_gpus.split(","))
-    SETTINGS["idle_layouts"] = tuple(x for x in args.idle_layouts.split(",") if x in LAYOUTS or x in VARIANTS)
+    for part in ("idle", "capacity", "mooncake"):
+        names = getattr(args, f"{part}_layouts").split(",")
+        SETTINGS[f"{part}_layouts"] = tuple(x for x in names if x in LAYOUTS or x in VARIANTS)
     SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS or x in VARIANTS)
     parts = [x for x in args.parts.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
