@@ -185,9 +185,14 @@ class FeedHub:
                 c.wake.set()
 
     def changed(self, name: str) -> None:
-        """``name``'s load report may have changed (a step, an arrival, a drain)."""
+        """``name``'s load report may have changed (a step, an arrival, a drain).
+
+        Only an engine that becomes dirty wakes the sender: one already dirty is in the next load frame, which
+        the sender is already sleeping towards. Waking it at every step of a busy engine, to find no load slot
+        due and sleep again (a new ``wait_for`` each time), cost each step about as much as its token's SSE write.
+        """
         for c in self._conns:
-            if name in c.engines:
+            if name in c.engines and name not in c.dirty:
                 c.dirty.add(name)
                 c.wake.set()
 
