@@ -11,6 +11,11 @@ The fit minimises the log ratio predicted / measured with a soft-L1 loss over a 
 each table (at most ``MAX_FIT_ROWS`` rows); the error is reported on every row. The curves are
 parametrised as log-increments bounded so that time never falls as an op grows (see ``_Layout.bounds``).
 
+A table's benchmark replays one op back to back, so an operand that fits in the GPU's L2
+(``HardwareProfile.l2_cache_mb``) is re-read from L2: decode-attention rows whose KV fits are marked
+resident and the fit gives them one extra factor, ``OpFit.l2_gain`` (L40S: 3.5x), instead of bending the
+DRAM curve the cost model uses (on L40S the decode KV's time per byte rose 1.6x past 96 MB).
+
 The Splitwise DGX table (2023 serving stack) stays as a report, in ``actors.splitwise_report``.
 """
 
@@ -89,9 +94,18 @@ class OpSamples:
     bytes_per_ms: float
     width: np.ndarray | None = None
     """Parallel width per row (``PARALLEL_KNOTS``); None: the family has no width curve."""
+    l2_resident: np.ndarray | None = None
+    """Rows whose replayed operand fits in the GPU's L2 (``OpFit.l2_gain``); None: none is."""
 
     def __len__(self) -> int:
         return len(self.measured_ms)
+
+    def take(self, idx: np.ndarray) -> OpSamples:
+        """The rows ``idx`` (a mask or indices) of every per-row array."""
+        return OpSamples(self.family, self.source, self.flops[idx], self.nbytes[idx], self.size[idx],
+                         self.measured_ms[idx], self.flops_per_ms, self.bytes_per_ms,
+                         None if self.width is None else self.width[idx],
+                         None if self.l2_resident is None else self.l2_resident[idx])
 
 
 def _latest(folder: Path) -> Path | None:
@@ -121,7 +135,7 @@ def _where(t: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
 
 def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, size: np.ndarray,
              t: dict[str, np.ndarray], flops_per_ms: float, bytes_per_ms: float,
-             width: np.ndarray | None = None) -> OpSamples | None:
+             width: np.ndarray | None = None, l2_resident: np.ndarray | None = None) -> OpSamples | None:
     lat = t["latency"].astype(float)
     # A row faster than the datasheet allows (FLOPs above the tensor peak, or bytes above twice the
     # bandwidth, an L2-resident operand's most) measured something else: it is left out and counted.
@@ -133,7 +147,8 @@ def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, si
     if dropped:
         source = f"{source} ({dropped} rows above the datasheet's peak left out)"
     return OpSamples(family, source, flops[ok].astype(float), nbytes[ok].astype(float), size[ok].astype(float),
-                     lat[ok], flops_per_ms, bytes_per_ms, None if width is None else width[ok].astype(float))
+                     lat[ok], flops_per_ms, bytes_per_ms, None if width is None else width[ok].astype(float),
+                     None if l2_resident is None else l2_resident[ok])
 
 
 def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
@@ -197,6 +212,7 @@ def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "
     t = _where(t, mask)
     b, h, kvh, d = (t[c].astype(float) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
     kv_bytes = 2 * kvh * d * (1 if kv_dtype == "fp8" else ACTIVATION_BYTES)  # per token, one layer
+    resident = None
     if prefill:
         s = t["isl"].astype(float)
         flops = (4 * d + SCORE_FLOPS) * h * b * s * (s + 1) / 2
@@ -209,10 +225,12 @@ def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "
         nbytes = b * ctx * kv_bytes + 2 * b * h * d * ACTIVATION_BYTES
         size = b
         width = b * kvh
+        if hw.l2_cache_mb is not None:  # the benchmark's replays re-read a KV that fits in L2 from L2
+            resident = b * ctx * kv_bytes <= hw.l2_cache_mb * 1e6
     family = ("attention_prefill" if prefill else "attention_decode") + ("_fp8" if kv_dtype == "fp8" else "")
     note = f" ({left_out} rows slower than {sibling[0]}'s left out)" if sibling and left_out else ""
     return _samples(family, f"{family} vLLM {ver.name if ver else '?'}{note}", flops, nbytes, size, t,
-                    hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width)
+                    hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width, l2_resident=resident)
 
 
 def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
@@ -322,6 +340,8 @@ class _Layout:
 
     compute: bool
     parallel: bool
+    l2: bool = False
+    """The samples have L2-resident rows: one more parameter, log ``l2_gain``, last."""
 
     def split(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         i = 2
@@ -334,8 +354,16 @@ class _Layout:
         return comp, mem, np.clip(par, 1e-4, 1.0) if self.parallel else par
 
     def unit_ns(self, theta: np.ndarray) -> float:
-        """The per-width-unit time, the last parameter when the family has a width."""
-        return float(theta[-1]) if self.parallel else 0.0
+        """The per-width-unit time, the parameter after the curves when the family has a width."""
+        return float(theta[-2 if self.l2 else -1]) if self.parallel else 0.0
+
+    def l2_gain(self, theta: np.ndarray) -> float:
+        return float(np.exp(theta[-1])) if self.l2 else 1.0
+
+    @property
+    def curves_end(self) -> int:
+        """Index after latency, sharpness, the compute and the memory curve (where the parallel curve goes)."""
+        return 2 + (NC if self.compute else 0) + NM
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo, hi, x0 = [0.0, 1.0], [500.0, 50.0], [3.0, 4.0]
@@ -351,6 +379,8 @@ class _Layout:
             hi += [1e-9] + [MAX_PARALLEL_STEP] * (NP - 1)
             x0 += [0.0] + [0.0] * (NP - 1)
             lo, hi, x0 = [*lo, 0.0], [*hi, 1e4], [*x0, 0.0]  # unit_ns
+        if self.l2:
+            lo, hi, x0 = [*lo, 0.0], [*hi, float(np.log(8.0))], [*x0, float(np.log(2.0))]  # log l2_gain
         return np.array(lo), np.array(hi), np.clip(np.array(x0), lo, hi)
 
 
@@ -359,7 +389,9 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
     p_eff = np.interp(np.log2(np.maximum(s.width, 1.0)), PARALLEL_KNOTS, par) \
         if lay.parallel and s.width is not None else 1.0
     fixed = theta[0] / 1e3 + (lay.unit_ns(theta) * s.width / 1e6 if lay.parallel and s.width is not None else 0.0)
-    m = s.nbytes / (s.bytes_per_ms * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff)
+    bw = s.bytes_per_ms * (np.where(s.l2_resident, lay.l2_gain(theta), 1.0)
+                           if lay.l2 and s.l2_resident is not None else 1.0)
+    m = s.nbytes / (bw * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff)
     if not lay.compute:
         return fixed + m
     c = s.flops / (s.flops_per_ms * np.interp(np.log2(np.maximum(s.size, 1.0)), COMPUTE_KNOTS, comp) * p_eff)
@@ -370,25 +402,27 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
 
 def fit_op(s: OpSamples) -> OpFit:
     """One family's ``OpFit`` on its samples (seeded subsample of at most ``MAX_FIT_ROWS``)."""
-    lay = _Layout(compute=bool(np.any(s.flops > 0)), parallel=s.width is not None)
+    lay = _Layout(compute=bool(np.any(s.flops > 0)), parallel=s.width is not None,
+                  l2=s.l2_resident is not None and bool(np.any(s.l2_resident)))
     rng = np.random.default_rng(SEED)
     idx = rng.choice(len(s), MAX_FIT_ROWS, replace=False) if len(s) > MAX_FIT_ROWS else np.arange(len(s))
-    sub = OpSamples(s.family, s.source, s.flops[idx], s.nbytes[idx], s.size[idx], s.measured_ms[idx],
-                    s.flops_per_ms, s.bytes_per_ms, None if s.width is None else s.width[idx])
+    sub = s.take(idx)
     # Two stages: without the parallel curve, then with it starting flat (1 everywhere) from the first
     # stage's solution, so the width can only improve on the size-only fit.
-    first = _Layout(lay.compute, parallel=False)
+    first = _Layout(lay.compute, parallel=False, l2=lay.l2)
     lo, hi, x0 = first.bounds()
     res = least_squares(lambda th: np.log(_predict(th, sub, first) / sub.measured_ms), x0, bounds=(lo, hi),
                         loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     if lay.parallel:
         lo, hi, _ = lay.bounds()
-        x1 = np.clip(np.concatenate([res.x, np.zeros(NP + 1)]), lo, hi)
+        end = first.curves_end
+        x1 = np.clip(np.concatenate([res.x[:end], np.zeros(NP + 1), res.x[end:]]), lo, hi)
         res = least_squares(lambda th: np.log(_predict(th, sub, lay) / sub.measured_ms), x1, bounds=(lo, hi),
                             loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     comp, mem, par = lay.split(res.x)
     return OpFit(latency_us=_r(res.x[0]), sharpness=_r(res.x[1]), compute=[_r(x) for x in comp],
-                 memory=[_r(x) for x in mem], parallel=[_r(x) for x in par], unit_ns=_r(lay.unit_ns(res.x)))
+                 memory=[_r(x) for x in mem], parallel=[_r(x) for x in par], unit_ns=_r(lay.unit_ns(res.x)),
+                 l2_gain=_r(lay.l2_gain(res.x)))
 
 
 def _r(x: float) -> float:
@@ -398,8 +432,9 @@ def _r(x: float) -> float:
 def predict_op(fit: OpFit, s: OpSamples) -> np.ndarray:
     """The fitted op's time on every sample, through ``OpFit.ms`` (what the cost model calls)."""
     width = s.width if s.width is not None else np.ones_like(s.flops)
-    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w)
-                     for f, b, z, w in zip(s.flops, s.nbytes, s.size, width, strict=True)])
+    resident = s.l2_resident if s.l2_resident is not None else np.zeros(len(s), dtype=bool)
+    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w, bool(r))
+                     for f, b, z, w, r in zip(s.flops, s.nbytes, s.size, width, resident, strict=True)])
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,12 @@ class OpFit(Frozen):
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""
+    l2_gain: Annotated[float, Field(ge=1.0, le=8.0)] = 1.0
+    """How much faster than the memory curve the op table's benchmark read an operand that fits in the GPU's
+    L2 (``HardwareProfile.l2_cache_mb``): it replays one op back to back, so the same KV stays in L2 between
+    replays. Fitted on the table and applied to its resident rows when the fit's error is reported
+    (``ms(l2_resident=True)``); never applied by the cost model, where a step reads each layer's KV once,
+    after the other layers have passed through L2."""
 
     @model_validator(mode="after")
     def _knots(self) -> OpFit:
@@ -87,8 +93,11 @@ class OpFit(Frozen):
         return interp(math.log2(max(width, 1.0)), PARALLEL_KNOTS, self.parallel)
 
     def ms(self, flops: float, nbytes: float, size: float, flops_per_ms: float, bytes_per_ms: float,
-           width: float = 1.0) -> float:
-        """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak."""
+           width: float = 1.0, l2_resident: bool = False) -> float:
+        """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak
+        (``l2_gain`` times that for an op table's L2-resident replay)."""
+        if l2_resident:
+            bytes_per_ms *= self.l2_gain
         par = self.parallel_eff(width)
         fixed = self.latency_us / 1e3 + self.unit_ns * width / 1e6
         m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par)
@@ -167,6 +176,9 @@ class HardwareProfile(Frozen):
     """Device memory as the datasheet states it ("GB", which for device memory means GiB: ``hbm_bytes``)."""
     hbm_bandwidth_gbps: PositiveFloat
     """Device memory bandwidth, GB/s."""
+    l2_cache_mb: PositiveFloat | None = None
+    """On-chip L2 cache, MB (datasheet or architecture whitepaper): an op table's benchmark replays an op whose
+    operands fit in it from L2 (``OpFit.l2_gain``); None: not known, no row is taken as resident."""
     intra_node_link_gbps: PositiveFloat
     """Per-GPU, per-direction bandwidth of the GPU-to-GPU link inside a node (NVLink, or PCIe)."""
     intra_node_link: str = "nvlink"

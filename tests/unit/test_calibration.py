@@ -84,6 +84,36 @@ def test_fit_recovers_a_known_roofline() -> None:
     assert fit.memory_eff(2.0 ** 28) == pytest.approx(0.8, rel=0.05)
 
 
+def test_fit_separates_the_tables_l2_resident_replays_from_the_dram_curve() -> None:
+    # Rows whose operand fits in L2 ran 3x faster than DRAM allows (a benchmark replaying one op back to
+    # back); the fit gives them their own gain and keeps the DRAM curve for everything else, and the cost
+    # model (which never says l2_resident) sees only the DRAM curve.
+    base = _synthetic(0.7, 0.8, 5.0)
+    resident = base.nbytes <= 2.0 ** 24
+    t = 5e-3 + np.maximum(base.flops / (base.flops_per_ms * 0.7),
+                          base.nbytes / (base.bytes_per_ms * 0.8 * np.where(resident, 3.0, 1.0)))
+    s = OpSamples("gemm", "synthetic", base.flops, base.nbytes, base.size, t, base.flops_per_ms, base.bytes_per_ms,
+                  l2_resident=resident)
+    fit = fit_op(s)
+    assert fit.l2_gain == pytest.approx(3.0, rel=0.1)
+    assert op_error("x", fit, s).median < 0.03
+    assert fit.memory_eff(2.0 ** 22) == pytest.approx(0.8, rel=0.1)  # the DRAM curve, not the L2 one
+    small = (0.0, 2.0 ** 22, 1.0, base.flops_per_ms, base.bytes_per_ms)
+    assert fit.ms(*small, l2_resident=True) < fit.ms(*small)
+    no_flag = fit_op(OpSamples("gemm", "synthetic", base.flops, base.nbytes, base.size, t, base.flops_per_ms,
+                               base.bytes_per_ms))
+    assert no_flag.l2_gain == 1.0 and no_flag.memory_eff(2.0 ** 22) > 1.2 * 0.8  # the L2 rows bend the curve
+
+
+def test_decode_attention_rows_whose_kv_fits_in_l2_are_marked_resident(op_data: Path) -> None:
+    hw = CAT.hardware.get("l40s-48g")
+    assert hw.l2_cache_mb == 96
+    s = load_op_tables(hw, op_data / OP_TABLE_GPUS["l40s-48g"])["attention_decode"]
+    assert s.l2_resident is not None and 0 < s.l2_resident.sum() < len(s)
+    assert np.all(s.nbytes[~s.l2_resident] > 96e6)
+    assert hw.efficiency.attention_decode.l2_gain > 1.5  # fitted: the table's replays read KV from L2
+
+
 def test_fitted_curves_grow_no_faster_than_time_allows() -> None:
     for name in OP_TABLE_GPUS:
         eff = CAT.hardware.get(name).efficiency
