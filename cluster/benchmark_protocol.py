@@ -37,6 +37,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from actors.engine.client_workers import ClientWorkers
 from actors.engine.virtual import ClosedLoop, RequestRecord
 
 BURST_GAP_MS = 1.0
@@ -79,6 +80,8 @@ class BenchmarkProtocol:
     """Spacing of the measured phase's opening burst at the engine."""
     turnaround_ms: float = CLIENT_TURNAROUND_MS
     """From a request's last token to its client's next request at the engine (``ClosedLoop``)."""
+    client: ClientWorkers | None = None
+    """The client's worker processes and their work per finished request (``ClosedLoop.client``)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.warmup_rounds < 0 or self.dataset_rounds < 0 or not self.seeds:
@@ -91,7 +94,7 @@ class BenchmarkProtocol:
         """The client load of one replay (``rounds`` overrides the protocol's measured rounds)."""
         return ClosedLoop(concurrency, (rounds or self.rounds) * concurrency, input_len, output_len,
                           self.burst_gap_ms, self.turnaround_ms, warmup_requests=self.warmup_rounds * concurrency,
-                          prompt_pool=self.dataset_rounds * concurrency, pool_seed=seed)
+                          prompt_pool=self.dataset_rounds * concurrency, pool_seed=seed, client=self.client)
 
 
 AIC_EVAL_2025 = BenchmarkProtocol("aiconfigurator-eval-2025 (aiperf, 10C requests, 2C warm-up, 12C prompts)",

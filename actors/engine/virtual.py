@@ -25,6 +25,12 @@ queue of two), so the client of a request whose last token came from step N is s
 N+2 is planned: its next request joins N+3 (N+2 without async scheduling). A turnaround of 0 would let it
 join N+2, one step early.
 
+Sending and arriving: a request is sent when a credit comes back (its client's previous request ended, or,
+with ``ClosedLoop.client``, when the worker that held it finished its own work on it) and reaches the
+engine when its client's worker has picked it up plus ``turnaround_ms``. Both are events on the driver's
+timeline (``_returns``, ``_arrivals``), handed out once the run reaches them: requests enter the engine's
+queue in arrival order, whatever order they were sent in (a busy worker sends late), as a server sees them.
+
 Decode stretches (``VirtualDriver(fast_forward=True)``, the default): between two events (an arrival, a
 prefill chunk, a finish, a preemption) a closed loop runs many steps that are pure decode of the same
 sequences, each one token longer. The driver runs such a stretch of ``k`` steps at once: the cost model is
@@ -33,7 +39,8 @@ context one longer), each sequence gets its ``k`` tokens, and the KV blocks are 
 the steps where the step-by-step scheduler would (same order, same block ids). It applies only when the
 step-by-step loop could do nothing else: nothing waiting, nothing left unfreed by async scheduling, no
 held blocks, every running sequence decoding, none finishing within the stretch, enough free blocks for
-all ``k`` steps (so no preemption), and no one but the driver listening to the engine. The step that
+all ``k`` steps (so no preemption), and no one but the driver listening to the engine; a stretch ends
+with the step during which the next send or arrival falls due. The step that
 finishes a sequence runs through ``plan_step``/``apply_step`` as any other. Exactness is under test: a
 run gives the same records, steps and block pool with and without it.
 
@@ -44,7 +51,9 @@ refuses at submission raises the engine's ``EngineError``.
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -52,6 +61,7 @@ from dataclasses import dataclass
 
 from actors.clock import Clock
 from actors.cost_model import CostModel, StepShape, StepTime
+from actors.engine.client_workers import ClientWorkers, WorkerPool
 from actors.engine.engine import Engine, EngineConfig, RequestStream
 from actors.engine.scheduler import ScheduledStep, TokenOutput
 from actors.engine.sequence import RequestId, Sequence
@@ -65,17 +75,25 @@ class VirtualRunStuck(RuntimeError):
 
 
 class ManualTime:
-    """A monotonic time source (seconds) that moves only when told: the engine's ``Clock`` reads it."""
+    """A monotonic time source (seconds) that moves only when told: the engine's ``Clock`` reads it.
+
+    Kept in emulated ms (``ms``), as the driver compares it with step ends and arrivals: a ms -> s -> ms
+    round trip can land a hair below the time it was set to, and an idle driver would wait for it forever.
+    """
 
     def __init__(self, start_s: float = 0.0) -> None:
-        self.t = start_s
+        self.ms = start_s * 1000.0
+
+    @property
+    def t(self) -> float:
+        return self.ms / 1000.0
 
     def __call__(self) -> float:
-        return self.t
+        return self.ms / 1000.0
 
     def advance_to_ms(self, emulated_ms: float) -> None:
         """Jump to emulated ``emulated_ms`` (a clock at scale 1 with origin 0); never backwards."""
-        self.t = max(self.t, emulated_ms / 1000.0)
+        self.ms = max(self.ms, emulated_ms)
 
 
 def virtual_clock(time: ManualTime) -> Clock:
@@ -141,6 +159,11 @@ class ClosedLoop:
     """Distinct prompts the requests draw from (module docstring); 0: every request its own prompt."""
     pool_seed: int = 0
     """Seed of the draws from ``prompt_pool``."""
+    client: ClientWorkers | None = None
+    """The client's worker processes (``actors.engine.client_workers``): each finished request costs its
+    worker ``post_ms`` before the credit is back, the next request goes out from the next worker in turn when
+    that worker is free, and a chunk reaching a busy worker is timestamped when it is free. None: a client
+    per slot, with no work of its own."""
 
     def __post_init__(self) -> None:
         if min(self.concurrency, self.num_requests, self.input_len, self.output_len) < 1:
@@ -176,8 +199,8 @@ class VirtualDriver:
     """Drives one ``Engine`` on virtual time with a ``ClosedLoop`` of clients (module docstring).
 
     Invariants: the clock never goes backwards; every step starts when the previous one ended or, after
-    an idle stretch, when the earliest waiting request arrived (as the async loop); a client's next
-    request arrives at the emulated time its previous request's last token was emitted.
+    an idle stretch, when the earliest waiting request arrived (as the async loop); a request is in the
+    engine's queue from its arrival on, never before, and requests enter it in arrival order.
     """
 
     def __init__(self, cfg: EngineConfig, cost: CostModel, *, fast_forward: bool = True) -> None:
@@ -197,6 +220,15 @@ class VirtualDriver:
         self._sent = 0
         self._draw: Callable[[], int] | None = None
         self._enough: Callable[[list[RequestRecord]], bool] | None = None
+        self._returns: list[float] = []
+        """Heap of the times credits come back (a client free to send), handled once the run reaches them."""
+        self._arrivals: list[tuple[float, int, list[int], int]] = []
+        """Heap of requests sent but not yet at the engine: (arrival, send order, prompt, index). They are
+        submitted once the run reaches their arrival, so the engine's queue is in arrival order whatever
+        order they were sent in (a busy worker sends late)."""
+        self._pool: WorkerPool | None = None
+        self._worker: dict[RequestId, int] = {}
+        self._seen_first: dict[RequestId, float] = {}
 
     # -- EngineObserver ----------------------------------------------------------------------------
     def on_step(self, engine: Engine, step: ScheduledStep, cost: StepTime, lag_wall_ms: float) -> None:
@@ -208,6 +240,12 @@ class VirtualDriver:
             stream = self._streams.get(out.seq.request_id)
             if stream is not None and not stream.queue.empty():
                 stream.queue.get_nowait()
+        pool = self._pool
+        if pool is not None:
+            for out in outputs:
+                rid = out.seq.request_id
+                if rid not in self._seen_first and rid in self._worker:
+                    self._seen_first[rid] = pool.seen_ms(self._worker[rid], end_ms)
 
     def on_finish(self, engine: Engine, seq: Sequence) -> None:
         self._streams.pop(seq.request_id, None)
@@ -215,36 +253,78 @@ class VirtualDriver:
         first_scheduled = self._first_scheduled.pop(seq.request_id, seq.arrival_ms)
         if seq.first_token_ms is None or seq.last_token_ms is None:
             raise VirtualRunStuck(f"request {index} finished without a token ({seq.finish_reason})")
+        first = self._seen_first.pop(seq.request_id, seq.first_token_ms)
+        last = back = seq.last_token_ms
+        worker = self._worker.pop(seq.request_id, None)
+        if self._pool is not None and worker is not None:
+            last = self._pool.seen_ms(worker, last)
+            back = self._pool.post(worker, last, len(seq.output_ids))
         if index >= 0:
-            self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, seq.first_token_ms,
-                                               seq.last_token_ms, len(seq.output_ids), seq.num_preemptions))
-        self._next(seq.last_token_ms + (self._load.turnaround_ms if self._load is not None else 0.0))
+            self._records.append(RequestRecord(index, seq.arrival_ms, first_scheduled, first, last,
+                                               len(seq.output_ids), seq.num_preemptions))
+        heapq.heappush(self._returns, back)
 
     # -- running -----------------------------------------------------------------------------------
-    def _next(self, at_ms: float) -> None:
-        """A client is free at ``at_ms``: send the next request of its phase, or open the measured phase
-        once the warm-up's last request finished (all clients at once)."""
+    def _next(self, at_ms: float, turnaround: bool = True) -> None:
+        """A credit is back at ``at_ms``: send the next request of its phase, or open the measured phase
+        once the warm-up's last credit is back (all clients at once)."""
         load = self._load
         if load is None:
             return
         if self._sent < load.warmup_requests:
-            self._send(at_ms)
+            self._send(at_ms, turnaround)
         elif self._sent == load.warmup_requests:
-            if not self._streams:  # the warm-up phase is complete
+            if not (self._streams or self._returns or self._arrivals):  # the warm-up phase is complete
                 for k in range(min(load.concurrency, load.num_requests)):
-                    self._send(at_ms + k * load.burst_gap_ms)
+                    self._send(at_ms + k * load.burst_gap_ms, turnaround)
         elif self._enough is None or not self._enough(self._records):
-            self._send(at_ms)
+            self._send(at_ms, turnaround)
 
-    def _send(self, at_ms: float) -> None:
+    def _drain(self, now_ms: float) -> None:
+        """Hand out the credits that came back by ``now_ms`` (earliest first)."""
+        while True:
+            back = self._returns[0] if self._returns else math.inf
+            arrive = self._arrivals[0][0] if self._arrivals else math.inf
+            if min(back, arrive) > now_ms:
+                return
+            if arrive <= back:
+                self._submit(*heapq.heappop(self._arrivals))
+            else:
+                self._next(heapq.heappop(self._returns))
+
+    def _due(self) -> float:
+        """The earliest credit back or arrival still to hand out (inf: none)."""
+        return min(self._returns[0] if self._returns else math.inf,
+                   self._arrivals[0][0] if self._arrivals else math.inf)
+
+    def _idle_until(self, at_ms: float) -> None:
+        """Nothing runs: jump to ``at_ms`` (an arrival or a credit back) and hand out the credits due."""
+        self.time.advance_to_ms(at_ms)
+        self._drain(at_ms)
+
+    def _send(self, at_ms: float, turnaround: bool = True) -> None:
+        """Send the next request: its credit's worker picks it up at ``at_ms`` or when free, and it reaches
+        the engine ``turnaround_ms`` later (the very first sends of a run: at ``at_ms``)."""
         load = self._load
         assert load is not None and self._draw is not None
         if self._sent >= load.warmup_requests + load.num_requests:
             return
+        worker = None
+        if self._pool is not None:
+            worker = self._pool.worker_of(self._sent)
+            at_ms = self._pool.pickup_ms(worker, at_ms)
+        if turnaround:
+            at_ms += load.turnaround_ms
         i = self._sent - load.warmup_requests  # negative: a warm-up request
         self._sent += 1
-        stream = self.engine.submit(load.prompt(self._draw(), self.engine.cfg.vocab_size), load.output_len,
-                                    ignore_eos=True, request_id=f"r{i}", arrival_ms=at_ms)
+        if worker is not None:
+            self._worker[RequestId(f"r{i}")] = worker
+        heapq.heappush(self._arrivals, (at_ms, self._sent, load.prompt(self._draw(), self.engine.cfg.vocab_size), i))
+
+    def _submit(self, at_ms: float, _order: int, prompt: list[int], i: int) -> None:
+        load = self._load
+        assert load is not None
+        stream = self.engine.submit(prompt, load.output_len, ignore_eos=True, request_id=f"r{i}", arrival_ms=at_ms)
         self._streams[stream.request_id] = stream
         self._index[stream.request_id] = i
 
@@ -259,26 +339,39 @@ class VirtualDriver:
         self._records = []
         self._sent = 0
         self._draw = load.prompt_indices()
+        self._returns = []
+        self._arrivals = []
+        self._pool = load.client.pool(load.concurrency) if load.client is not None else None
         if load.warmup_requests:
             for k in range(min(load.concurrency, load.warmup_requests)):
-                self._send(k * load.burst_gap_ms)
+                self._send(k * load.burst_gap_ms, turnaround=False)
         else:
-            self._next(0.0)
+            self._next(0.0, turnaround=False)
         eng = self.engine
         sched = eng.scheduler
         prev_end: float | None = None
-        while sched.has_work():
+        while sched.has_work() or self._returns or self._arrivals:
+            now = self.time.ms
+            self._drain(now)
+            if not sched.has_work():
+                if self._due() == math.inf:
+                    break
+                self._idle_until(self._due())  # until the next credit back or arrival
+                prev_end = None
+                continue
             if self.fast_forward and prev_end is not None:
                 end_k = self._decode_stretch(prev_end)
                 if end_k is not None:
                     prev_end = end_k
                     continue
-            now = self.time.t * 1000.0
             if not sched.running:
                 early = sched.earliest_waiting_arrival()
-                if early is not None and early > now:  # idle until the next arrival (a client's turnaround)
-                    self.time.advance_to_ms(early)
-                    now, prev_end = early, None
+                if early is None or early > now:  # idle until the next arrival or credit back
+                    nxt = min(early if early is not None else math.inf, self._due())
+                    if nxt < math.inf:
+                        self._idle_until(nxt)
+                        prev_end = None
+                        continue
             step = eng.plan_step(prev_end, now)
             if step is None:
                 continue
@@ -291,7 +384,7 @@ class VirtualDriver:
             prev_end = end
             eng.apply_step(step, cost, end, 0.0)
         self._records.sort(key=lambda r: r.index)
-        return RunResult(self._records, eng.steps, self.time.t * 1000.0, sched.stats.preemptions)
+        return RunResult(self._records, eng.steps, self.time.ms, sched.stats.preemptions)
 
     # -- decode stretches --------------------------------------------------------------------------
     def _stretch_length(self) -> int:
@@ -377,6 +470,20 @@ class VirtualDriver:
         running = list(sched.running)
         n = len(running)
         computed0 = [seq.num_computed_tokens for seq in running]
+        # Time: the same steps, one at a time, each every context one token longer; the stretch ends with
+        # the step during which the next credit comes back (the step-by-step loop hands it out after it).
+        due = self._due()
+        totals: list[float] = []
+        context = sum(computed0)
+        end = start_ms
+        while len(totals) < k and end < due:
+            context += n
+            totals.append(eng.cost.step(StepShape(decode_seqs=n, decode_context=context,
+                                                  kv_read_tokens=context)).total_ms)
+            end += totals[-1]
+        k = len(totals)
+        if k < MIN_STRETCH:
+            return None
         # Blocks: step j (1..k) allocates for a sequence whose token j starts a block (at planning, in
         # running order) and caches one whose computed tokens fill a block (at completion, in order).
         allocs: dict[int, list[int]] = defaultdict(list)
@@ -401,18 +508,12 @@ class VirtualDriver:
                 kv.cache_full_blocks(seq)
         for seq, c in zip(running, computed0, strict=True):
             seq.num_computed_tokens = c + k
-        # Time: the same steps, one at a time, each every context one token longer.
-        cost = eng.cost
-        context = sum(computed0)
-        end = start_ms
-        prev = start_ms
-        for _ in range(k):
-            context += n
-            t = cost.step(StepShape(decode_seqs=n, decode_context=context, kv_read_tokens=context))
+        end = prev = start_ms
+        for total in totals:
             eng._last_start = end
-            eng.busy_ms += t.total_ms
+            eng.busy_ms += total
             eng.lag.add(0.0)
-            prev, end = end, end + t.total_ms
+            prev, end = end, end + total
         eng.steps += k
         sched.stats.generation_tokens += n * k
         for seq in running:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from actors.cost_model import RooflineCostModel
+from actors.engine.client_workers import ClientWorkers
 from actors.engine.engine import EngineConfig
 from actors.engine.factory import build_engine
 from actors.engine.scheduler import SchedulerLimits
@@ -220,6 +221,9 @@ def _roofline_driver(fast: bool, blocks: int, seqs: int, budget: int, caching: b
     (90, 8, 512, True, True, 100_000, ClosedLoop(8, 32, 100, 150, warmup_requests=8, prompt_pool=10)),
     (4000, 8, 600, True, False, 100_000, ClosedLoop(8, 40, 300, 57, 1.0, 1.0, warmup_requests=16, prompt_pool=12)),
     (90, 8, 512, True, True, 100_000, ClosedLoop(8, 32, 100, 150, 1.0, 0.7, prompt_pool=10)),  # and a turnaround
+    # aiperf's workers: sends and arrivals out of order, stretches cut at each one
+    (4000, 8, 600, True, False, 100_000, ClosedLoop(8, 40, 300, 57, 1.0, 1.0, warmup_requests=16, prompt_pool=12,
+                                                    client=ClientWorkers(3, 2.0, 0.05))),
 ])
 def test_decode_stretches_give_the_step_by_step_run_exactly(blocks: int, seqs: int, budget: int, caching: bool,
                                                            async_: bool, ctx: int, load: ClosedLoop) -> None:
