@@ -25,6 +25,21 @@ The harnesses (``PROTOCOLS``, keyed by ``SiliconRow.harness``):
 - ``vllm-0.12-gap-analysis``: the vLLM 0.12.0 rows (another harness, Jan 2026, Dynamo 0.8.0 images),
   whose client the table does not give: replayed with distinct prompts, no prefix caching, the 2026
   script's 20 rounds, until the loop's steady state (no warm-up: without a cache it changes nothing).
+  Their ``source_file`` is a private project (``aic-auto-gap-analysis``); aiconfigurator's public runners of
+  that time were the 2025 eval runner above (still in the tree on 2026-02-15, 96c5c0a9) and, from
+  2026-02-11 on, ``bench_run.sh.j2`` (50C requests, seed 100, 100 entries). Replayed as the eval runner
+  (10C/2C/12C, cache, synchronous), or with distinct prompts and synchronous scheduling (vLLM 0.12's
+  default), no group gets better on both TTFT and TPOT (median |error| %, TTFT / TPOT, this protocol ->
+  eval runner -> synchronous: Qwen3-235B-FP8 H200 31.0/47.7 -> 29.9/48.7 -> 28.5/45.6; Qwen3-32B H100
+  17.8/14.6 -> 28.1/20.4 -> 28.4/10.5; 8B-FP8 H200 44.5/75.7 -> 43.1/24.4 -> 35.4/85.0), so it stays as it was.
+
+The client's own work (``actors.engine.client_workers``, ``BenchmarkProtocol.client``): aiperf's workers
+serialize and re-parse every streamed chunk of a finished request before its credit goes back (13 us per
+output token, measured with aiperf's own code), and hand credits round-robin to min(C, 32) processes. Replayed
+literally on the 70B rows it makes the 1024-in / 8192-out rows far slower (H100 TP2 C16/C32: +80/+64% ->
++222/+232%; C4 +17 -> +10%): with a 110 ms turnaround every pair of a convoy finishes before the first one
+comes back, so nothing spreads it. The measured runs were not that slow, so it is not enabled here; what
+spreads the real runs' arrivals is not found (see the README).
 
 A replay cannot reproduce the measured run's own draws (aiperf was not seeded), so each row is replayed
 with several seeds and the means averaged; the measured figure is one draw, and its sampling noise is part
