@@ -1,4 +1,4 @@
-"""Payload verification off the event loop's thread, for receivers whose loop also moves the bytes.
+"""Payload checksums off the event loop's thread, for endpoints whose loop also moves the bytes.
 
 Why: a receiver moves bytes on its event loop's thread (a UCX worker progressed there, a TCP socket
 read there), and checking a payload's XXH3 there costs 31-43 us per MiB, time in which nothing else is
@@ -9,7 +9,13 @@ where the check runs changes.
 
 :class:`Verifier` is one worker thread fed by a queue. ``submit`` hands it a payload view, the
 checksum algorithm and the expected value; the thread computes the checksum and calls
-``done(intact)`` on the event loop (``call_soon_threadsafe``), in submission order.
+``done(intact)`` on the event loop (``call_soon_threadsafe``), in submission order. ``checksum``
+computes a checksum a sender lacks the same way, as a future (a push starts its large blocks'
+checksums at once, so each is hashed while the loop writes the blocks before it).
+
+Measured (``bench/transport_ucx_sweep.py``, locked, host load 4.3 from other work, so every figure
+low): ucx over tcp 3.8 GB/s with the thread against 1.3 with checksums on the loop; over sm 2.0
+against 1.7; tcp (``bench/transport.py``) 1.9 against 2.1, within that run's noise.
 
 Invariants: the caller keeps the payload's buffer unchanged and alive until ``done`` ran (a receiver
 that gives up on the frame meanwhile must not recycle the buffer: ``Lease.discard``); ``done`` runs
