@@ -14,7 +14,6 @@ assertion: the last line is JSON, each process's figure beside the total.
 
 from __future__ import annotations
 
-import asyncio
 import cProfile
 import gc
 import multiprocessing as mp
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import emit, parser
+from bench._common import emit, parser, serve_profile_commands
 
 LAYERS = (
     ("aiohttp_server", ("aiohttp/web", "aiohttp/http_writer", "aiohttp/http_parser", "aiohttp/base_protocol")),
@@ -59,25 +58,6 @@ def summarize(prof: cProfile.Profile) -> dict[str, Any]:
             "top_s": {k.split("site-packages/")[-1].split("/work/main/")[-1]: round(v, 4) for k, v in top}}
 
 
-async def serve_commands(q: Any, cmd: Any, dump: str | None = None) -> None:
-    """On each command ("plain" or "profile") measure this process's CPU until "stop"; answer the figures."""
-    loop = asyncio.get_running_loop()
-    while True:
-        what = await loop.run_in_executor(None, cmd.get)
-        if what == "quit":
-            return
-        prof = cProfile.Profile(time.process_time) if what == "profile" else None
-        t0 = time.process_time()
-        if prof is not None:
-            prof.enable()
-        assert await loop.run_in_executor(None, cmd.get) == "stop"
-        if prof is not None:
-            prof.disable()
-            if dump:
-                prof.dump_stats(dump)
-        q.put((time.process_time() - t0, summarize(prof) if prof is not None else None))
-
-
 def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None) -> None:
     import uvloop
 
@@ -86,7 +66,7 @@ def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None
     async def main() -> None:
         w = GpuWorker(spec_json, names)
         q.put(await w.start())
-        await serve_commands(q, cmd, dump and f"{dump}/engines.pstats")
+        await serve_profile_commands(q, cmd, summarize, dump and f"{dump}/engines.pstats")
         await w.stop()
 
     uvloop.run(main())
@@ -100,7 +80,7 @@ def _router(engines: dict[str, Any], spec_json: str, q: Any, cmd: Any, dump: str
     async def main() -> None:
         r = RouterActor(engines, spec_json)
         q.put(await r.start())
-        await serve_commands(q, cmd, dump and f"{dump}/router.pstats")
+        await serve_profile_commands(q, cmd, summarize, dump and f"{dump}/router.pstats")
         await r.stop()
 
     uvloop.run(main())

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import emit, parser, pct
+from bench._common import emit, parser, pct, serve_profile_commands
 
 LAYERS = (
     ("aiohttp_server", ("aiohttp/web_", "aiohttp/http_writer", "aiohttp/http_parser", "aiohttp/base_protocol")),
@@ -38,6 +38,12 @@ LAYERS = (
     ("json", ("json/",)),
     ("asyncio", ("asyncio/", "uvloop")),
 )
+
+
+def _own_times(prof: cProfile.Profile) -> dict[str, float]:
+    """Own time per function, keyed ``file:line(name)``."""
+    st = pstats.Stats(prof)
+    return {f"{f}:{ln}({fn})": tt for (f, ln, fn), (_, _, tt, _, _) in st.stats.items()}  # type: ignore[attr-defined]
 
 
 def layer_of(filename: str) -> str:
@@ -88,24 +94,7 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
                                        prefill_ms=lambda w, new, cached: 0.0))
         q.put(await http.start())
         gc.freeze()  # as the router actor does after start-up
-        loop = asyncio.get_running_loop()
-        while True:
-            what = await loop.run_in_executor(None, cmd.get)
-            if what == "quit":
-                break
-            prof = cProfile.Profile(time.process_time) if what == "profile" else None
-            t0 = time.process_time()
-            if prof is not None:
-                prof.enable()
-            assert await loop.run_in_executor(None, cmd.get) == "stop"
-            if prof is not None:
-                prof.disable()
-            cpu = time.process_time() - t0
-            stats = None
-            if prof is not None:
-                st = pstats.Stats(prof)
-                stats = {f"{f}:{ln}({fn})": tt for (f, ln, fn), (_, _, tt, _, _) in st.stats.items()}  # type: ignore[attr-defined]
-            q.put((cpu, stats))
+        await serve_profile_commands(q, cmd, _own_times)
         await http.stop()
 
     uvloop.run(main())
