@@ -90,8 +90,9 @@ class VirtualCluster:
                                       block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                                       free_blocks=cfg.num_blocks, feed_connected=True))
         router_spec: RouterSpec = spec.router.model_copy(update={"policy": policy}) if policy else spec.router
-        self.view = ClusterView(workers, now=lambda: clock.now_ms() / 1000.0, timing=CostModelTiming())
-        estimate = default_prefill_estimate()
+        timing = CostModelTiming()
+        self.view = ClusterView(workers, now=lambda: clock.now_ms() / 1000.0, timing=timing)
+        estimate = default_prefill_estimate(timing)
         link = (spec.kv_store.link if spec.kv_store is not None else None) or spec.transport.intra_region_link
         self.chooser = Chooser(router_spec, self.view, Topology(), estimate, random.Random(seed),
                                catalog_pricing(estimate, link))

@@ -91,12 +91,14 @@ class RouterServer:
             workers = [w for w in workers if w.region == site.residency_zone]
         self.metrics = RouterMetrics()
         self.attempts = Attempts(self.metrics, site.topology, self.clock)
+        timing = timing if timing is not None else CostModelTiming()
         self.view = ClusterView(workers, RoutingConfig(health_timeout_s=spec.health_timeout_s,
                                                        require_feed=spec.index_mode == "events"),
-                                self.attempts.wall_now, timing if timing is not None else CostModelTiming())
+                                self.attempts.wall_now, timing)
         for w in workers:
             w.breaker.threshold, w.breaker.cooldown_s = spec.breaker_threshold, spec.breaker_cooldown_s
-        estimate = prefill_ms or default_prefill_estimate()
+        # one roofline cache for the view's wait term and the prefill estimate (built once, warmed once)
+        estimate = prefill_ms or default_prefill_estimate(timing if isinstance(timing, CostModelTiming) else None)
         self.chooser = Chooser(spec, self.view, site.topology, estimate, rng or random.Random(0),
                                catalog_pricing(estimate, site.store_link))
         ts = self.clock.time_scale
@@ -339,10 +341,11 @@ class RouterServer:
         return {w.name: {"inflight": w.inflight, "sent": w.sent} for w in self.view.workers.values()}
 
 
-def default_prefill_estimate() -> Callable[[WorkerInfo, int, int], float]:
-    """Prefill time of a worker from its roofline cost model (catalog presets, ``timing.CostModelTiming``); a
-    worker type the catalog does not know gets a nominal 10k tokens per ms, so distance dominates."""
-    timing = CostModelTiming()
+def default_prefill_estimate(timing: CostModelTiming | None = None) -> Callable[[WorkerInfo, int, int], float]:
+    """Prefill time of a worker from its roofline cost model (catalog presets, ``timing.CostModelTiming``; pass
+    the view's own to share its memo); a worker type the catalog does not know gets a nominal 10k tokens per
+    ms, so distance dominates."""
+    timing = timing if timing is not None else CostModelTiming()
 
     def est(w: WorkerInfo, new: int, cached: int) -> float:
         ms = timing.prefill_ms(w, new, cached)
