@@ -39,6 +39,9 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
 - Synchronous scheduling (``async_scheduling=False``, vLLM 0.11's default): the engine core's loop is
   ``schedule() -> execute_model() -> update_from_output()`` and the GPU waits for the CPU's part of each
   step, so every step also pays ``SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US x sequences`` (``sync_cpu_ms``).
+  With TP > 1 it also waits for the multiprocess executor's IPC (``executor_ipc_ms``): the scheduler output
+  pickled into the shared-memory broadcast queue and unpickled by the workers, rank 0's model-runner output
+  pickled back and unpickled by the engine core, at the serialization rate of a production capture.
 
 An ``EmpiricalCostModel`` takes fixed rates instead (the lessons card's ``lesson-70b-fp8``); the card's
 closed forms for one request are ``ms_colocated`` and ``ms_disaggregated``.
@@ -72,12 +75,29 @@ SYNC_STEP_CPU_US = 430.0
 """CPU time per step the GPU waits for without async scheduling: ``Scheduler.schedule()`` 0.2 ms, the model
 runner's ``_update_states`` at least 0.18 ms and ``_prepare_inputs`` at least 0.05 ms per decode step, as
 profiled in vLLM PR #42131 ("Decode fast path for scheduler and model runner", 2026-05, B200: the fast paths
-save 0.15, 0.18 and 0.05 ms of them). A lower bound: the sampler's GPU->CPU copy, the executor's IPC to its
-TP workers and output serialization are not counted."""
+save 0.15, 0.18 and 0.05 ms of them). A lower bound: the sampler's GPU->CPU copy is not counted; the executor's
+IPC to its TP workers is ``executor_ipc_ms``."""
 SYNC_REQUEST_CPU_US = 1.1
 """CPU time per scheduled sequence the GPU waits for without async scheduling: ``update_from_output()`` over the
 batch, 0.142 ms at 128 sequences and 0.287 ms at 256 (vLLM PR #46112's micro-benchmark,
 ``benchmarks/overheads/benchmark_scheduler_update_from_output.py``, 2026-06): 1.1 us per sequence."""
+MP_IPC_NS_PER_BYTE = (845.0 + 1054.0) / 136_904 * 1e3
+"""Serialization time per byte of an ``execute_model`` message through vLLM's ``MessageQueue`` (TP > 1,
+``MultiprocExecutor``): writer ``pickle.dumps`` 845 us plus reader ``pickle.loads`` 1,054 us for a
+136,904-byte ``SchedulerOutput``, the "HY3 Stage4 reference (2K/200 prompts, production capture)" that vLLM's
+``benchmarks/overheads/benchmark_scheduler_output_rpc_pack.py`` prints (PR #54406, 2026-08): 13.9 ns per byte,
+counted once per message (the TP workers unpickle in parallel)."""
+MP_IPC_FIXED_BYTES = 755.0
+MP_IPC_BYTES_PER_SEQ = 108.6
+MP_IPC_BYTES_PER_PREFILL_SEQ = 940.0
+MP_IPC_BYTES_PER_PREFILL_TOKEN = 4.19
+"""Pickled bytes of one step's two messages, from vLLM 0.11's dataclasses (``SchedulerOutput`` with
+``CachedRequestData``, ``NewRequestData`` with ``SamplingParams``, ``ModelRunnerOutput``) rebuilt with their
+fields and pickled at protocol 5 with 41-character ``chatcmpl-<uuid hex>`` request ids, 1 to 256 decodes:
+scheduler output 542 + 53.7 per decode, output 213 + 54.9 per sequence; a new request adds about 940 bytes
+(sampling parameters, block ids) and its prompt's token ids, 4.19 bytes each over a 128k vocabulary. A
+prefill chunk is charged as a new request of its tokens (exact for the one-chunk prefills of the validated
+rows; a later chunk of a chunked prompt sends no tokens, a prefix hit sends its cached part too)."""
 """Entries of a roofline model's memo of a step's terms other than attention (cleared when full)."""
 
 
@@ -200,7 +220,7 @@ class StepTime:
 
     ``compute_ms``: GEMMs, MoE and the LM head; ``memory_ms``: attention (KV reads); ``comm_ms``:
     all-reduce and all-to-all; ``overhead_ms``: per step, per request, per layer outside graphs, and the CPU's
-    part without async scheduling;
+    part and the TP executor's IPC without async scheduling;
     ``kernels_ms``: the per-layer small kernels (norms, rotary, KV write, activation).
     ``graph``: ``full``, ``piecewise`` or ``eager``; ``padded_tokens``: tokens the graphs ran at.
     """
@@ -359,6 +379,19 @@ class RooflineCostModel:
             return 0.0
         return (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * seqs) / 1e3
 
+    def executor_ipc_ms(self, shape: StepShape) -> float:
+        """The multiprocess executor's per-step IPC that the GPU waits for: none on one GPU (vLLM's
+        ``UniProcExecutor`` calls the worker in process) or with async scheduling (the next step's message is
+        sent while this one runs), else the pickled bytes of the step's scheduler output and model-runner
+        output (``MP_IPC_*_BYTES*``) at ``MP_IPC_NS_PER_BYTE``. Not counted: the shared-memory hand-offs
+        themselves (readers busy-spin on the ring buffer)."""
+        if self.tp == 1 or self.async_scheduling or shape.empty:
+            return 0.0
+        nbytes = (MP_IPC_FIXED_BYTES + MP_IPC_BYTES_PER_SEQ * shape.seqs
+                  + MP_IPC_BYTES_PER_PREFILL_SEQ * shape.prefill_seqs
+                  + MP_IPC_BYTES_PER_PREFILL_TOKEN * shape.prefill_tokens)
+        return nbytes * MP_IPC_NS_PER_BYTE / 1e6
+
     def graph_mode(self, shape: StepShape) -> tuple[str, int]:
         """(``full`` | ``piecewise`` | ``eager``, tokens the step runs at after padding)."""
         tokens = shape.tokens
@@ -411,6 +444,7 @@ class RooflineCostModel:
             return StepTime(0.0)
         mode, padded = self.graph_mode(shape)
         gemms, comm, overhead, kernels = self._fixed_terms(padded, shape.seqs, mode)
+        overhead += self.executor_ipc_ms(shape)
         attention = self.model.num_layers * self.attention_ms(shape)
         total = gemms + attention + comm + overhead + kernels
         return StepTime(total, gemms, attention, comm, overhead, mode, padded, kernels)

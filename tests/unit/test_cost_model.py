@@ -11,6 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.cost_model import (
+    MP_IPC_BYTES_PER_PREFILL_SEQ,
+    MP_IPC_BYTES_PER_PREFILL_TOKEN,
+    MP_IPC_BYTES_PER_SEQ,
+    MP_IPC_FIXED_BYTES,
+    MP_IPC_NS_PER_BYTE,
     SYNC_REQUEST_CPU_US,
     SYNC_STEP_CPU_US,
     EmpiricalCostModel,
@@ -132,11 +137,36 @@ def test_synchronous_scheduling_adds_the_cpus_part_of_every_step() -> None:
     sync = RooflineCostModel(hw, m, 4, async_scheduling=False)
     for shape in (StepShape.of(decodes=[2000] * 16), StepShape.of(prefills=[(512, 0)], decodes=[900] * 3)):
         a, s = hidden.step(shape), sync.step(shape)
-        cpu = (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * shape.seqs) / 1e3
+        cpu = (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * shape.seqs) / 1e3 + sync.executor_ipc_ms(shape)
         assert s.total_ms - a.total_ms == pytest.approx(cpu)
         assert s.overhead_ms - a.overhead_ms == pytest.approx(cpu)
         assert s.compute_ms == a.compute_ms and s.memory_ms == a.memory_ms
     assert sync.step(StepShape()).total_ms == 0.0
+
+
+def test_synchronous_tp_steps_wait_for_the_multiprocess_executors_ipc() -> None:
+    # TP > 1 without async scheduling: the step's scheduler output and rank 0's output are pickled through the
+    # shared-memory queues while the GPUs wait; one GPU (in-process executor) and async scheduling pay none.
+    hw, m = CAT.hardware.get("h100-80g-sxm"), CAT.models.get("llama-3.1-70b-fp8")
+    decode, mixed = StepShape.of(decodes=[9000] * 32), StepShape.of(prefills=[(8192, 0)], decodes=[9000] * 31)
+    for tp in (2, 4, 8):
+        sync = RooflineCostModel(hw, m, tp, async_scheduling=False)
+        hidden = RooflineCostModel(hw, m, tp)
+        for shape in (decode, mixed):
+            nbytes = (MP_IPC_FIXED_BYTES + MP_IPC_BYTES_PER_SEQ * shape.seqs
+                      + MP_IPC_BYTES_PER_PREFILL_SEQ * shape.prefill_seqs
+                      + MP_IPC_BYTES_PER_PREFILL_TOKEN * shape.prefill_tokens)
+            ipc = nbytes * MP_IPC_NS_PER_BYTE / 1e6
+            cpu = (SYNC_STEP_CPU_US + SYNC_REQUEST_CPU_US * shape.seqs) / 1e3
+            assert sync.executor_ipc_ms(shape) == pytest.approx(ipc)
+            assert sync.step(shape).overhead_ms - hidden.step(shape).overhead_ms == pytest.approx(cpu + ipc)
+            assert hidden.executor_ipc_ms(shape) == 0.0
+        # 32 decodes: about 4.2 KB each way, 58 us; an 8k-token prompt's ids add about half a millisecond.
+        assert sync.executor_ipc_ms(decode) == pytest.approx(0.059, abs=0.002)
+        assert sync.executor_ipc_ms(mixed) - sync.executor_ipc_ms(decode) == pytest.approx(0.49, abs=0.02)
+    one = RooflineCostModel(hw, CAT.models.get("llama-3.1-8b"), 1, async_scheduling=False)
+    assert one.executor_ipc_ms(decode) == 0.0
+    assert RooflineCostModel(hw, m, 4, async_scheduling=False).executor_ipc_ms(StepShape()) == 0.0
 
 
 def test_mixed_batches_run_piecewise_and_large_ones_eagerly() -> None:
