@@ -302,7 +302,7 @@ class EngineServer:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         self.metrics.sync(self.engine)
-        return web.Response(body=self.metrics.exposition(),
+        return web.Response(body=self.metrics.exposition(request.query.getall("name[]", ())),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def load_report(self) -> dict[str, Any]:

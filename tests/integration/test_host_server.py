@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.engine.engine import Engine
 from actors.feed import FeedHub
 from actors.host_server import HostServer, engine_of_path
 from actors.metrics import EngineMetrics
 from actors.server import YIELD_AFTER_BODY_BYTES, EngineServer
+from cluster.loadtest.scrape import RUNNING, WAITING, TargetProbe, only_metrics, parse_metrics
 from cluster.router.feed import FeedClient
 from cluster.router.prefix_index import PrefixIndex
 from cluster.router.view import WorkerId, WorkerInfo
@@ -83,6 +85,25 @@ async def test_each_engine_answers_on_its_own_path_of_one_port(host: tuple[HostS
             assert r.status == 404
     # every request went to the engine its path named, and nowhere else
     assert engines["a"].kv.pool.num_free == engines["a"].cfg.num_blocks
+
+
+async def test_the_depth_poll_gets_an_engines_two_gauges_alone(host: tuple[HostServer, dict[str, Engine]]) -> None:
+    """The load test's poll asks each engine for its queue gauges by name (``name[]``): the engine renders those
+    alone, with the values its whole page has."""
+    server, _ = host
+    url = server.engine_url("a")
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 3, "ignore_eos": True}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+        async with s.get(url + "/metrics", params=[("name[]", RUNNING), ("name[]", WAITING)]) as r:
+            cut = await r.text()
+        async with s.get(url + "/metrics") as r:
+            whole = await r.text()
+        polled = await TargetProbe(s, server.url).page(url, (RUNNING, WAITING))
+    assert {f.name for f in text_string_to_metric_families(cut)} == {RUNNING, WAITING}
+    assert polled is not None and set(polled.samples) == {RUNNING, WAITING}
+    assert polled.samples == parse_metrics(only_metrics(whole, (RUNNING, WAITING))).samples
 
 
 async def test_killing_one_engine_cuts_its_streams_and_spares_the_other(
