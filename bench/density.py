@@ -17,7 +17,7 @@ Figures (``--parts``, default all):
 - ``capacity``: the highest output tokens/s streamed through the router with engine step-lag p99 <= 5 ms (over
   every step of every engine, as the load test pools it; each level also reports the worst engine's p99)
   (``bench/engine.py``'s closed-loop ladder from min(GPUs / 2, 8) streams: concurrency rises until the lag
-  bound breaks) at 4, 16 and 64
+  bound breaks, then the gap below is bisected to an eighth, the same for every layout) at 4, 16 and 64
   emulated GPUs, with the CPU microseconds per output token end to end (workers + router + the load
   generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit).
   Goal: 3x the old layout's tokens/s at 4 GPUs.

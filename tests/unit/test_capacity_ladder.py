@@ -1,0 +1,38 @@
+"""The capacity ladder's refinement (``bench.engine.refine``): bisection between the last sustained level and the
+first that broke the lag bound, down to a gap of an eighth of the sustained level (at least 4 streams)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.engine import refine
+
+
+def bisect_to_end(sustained: int, broke: int, holds: int) -> tuple[int, list[int]]:
+    """The ladder's refinement against a host that sustains up to ``holds`` streams: the result and the levels tried."""
+    tried = []
+    while (c := refine(sustained, broke)) is not None:
+        tried.append(c)
+        if c <= holds:
+            sustained = c
+        else:
+            broke = c
+    return sustained, tried
+
+
+@pytest.mark.parametrize(("holds", "found", "tried"), [
+    (100, 96, [112, 104]), (110, 104, [112, 104]), (125, 120, [112, 120]), (96, 96, [112, 104])])
+def test_the_top_between_96_and_128_is_found_within_an_eighth(holds: int, found: int, tried: list[int]) -> None:
+    assert bisect_to_end(96, 128, holds) == (found, tried)
+
+
+def test_close_levels_are_not_refined() -> None:
+    assert refine(96, 108) is None  # 12 streams apart: within an eighth of 96
+    assert refine(8, 12) is None  # 4 streams apart: the least gap refined is more than 4
+    assert refine(8, 16) == 12
+    assert refine(48, 64) == 56
+
+
+def test_the_level_that_broke_must_lie_above() -> None:
+    with pytest.raises(ValueError, match="must be above"):
+        refine(64, 64)
