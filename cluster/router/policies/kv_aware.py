@@ -61,7 +61,9 @@ balanced workers; with the fewest computed first among those too, some misses we
 while another as balanced sat idle (47 -> 56-62 ms: kv_aware's TTFT p99 at 1x and 2x live). On
 ``bench/router.py --parts prefix-virtual`` (4 seeds x 1/2/4x, a perfect load feed) TTFT p99 at 2x seed 1 went
 56.2 -> 47.3 ms and no point's mean got worse. A worker that joins late wins near ties until it has computed
-its share.
+its share. When every balanced worker is busy and another is idle, ``lookahead`` (off by default) weighs the wait
+the miss saves against what balance saves the prefix's later requests (``cluster.router.policies.lookahead``,
+with its measured effect: none at 1x/2x, where balance is right, mixed at 4x).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ import random
 from pydantic import Field
 
 from cluster.router.policies.base import PolicyBase, register_policy
+from cluster.router.policies.lookahead import HomeLookahead
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.base import Frozen
 
@@ -100,6 +103,10 @@ class KVAware(PolicyBase):
         steps_ahead: float = Field(default=1.5, ge=0)
         """Steps a request sent to a busy worker waits before its own: the rest of the running one (half on
         average) and the one async scheduling planned ahead (0.5 for synchronous engines; 0: no wait term)."""
+        lookahead: bool = False
+        """True: a new prefix home may skip the balance rule for a less busy worker when the wait it saves
+        outweighs what balance saves the prefix's later requests (``policies.lookahead``; off by default: on
+        the virtual prefix sweep it changed nothing at 1x/2x and was mixed at 4x)."""
 
     name = "kv_aware"
     reason = "kv_cost"
@@ -116,6 +123,9 @@ class KVAware(PolicyBase):
         self.balance = params.balance_requests
         self.computed: dict[WorkerId, int] = {}
         """Prompt blocks this policy sent each worker to compute (its count of what it routed, never reset)."""
+        self.lookahead = HomeLookahead() if params.lookahead else None
+        self._now_s = 0.0
+        self._capacity = 0
 
     def cost(self, w: WorkerInfo, ctx: RequestContext, best_overlap: int = 0, wait: float = 0.0) -> float:
         held = ctx.overlap.get(w.name, 0) + ctx.tier_hits.get(w.name, 0)
@@ -140,6 +150,9 @@ class KVAware(PolicyBase):
 
     def rank(self, candidates: list[WorkerInfo], ctx: RequestContext, view: ClusterView) -> list[WorkerInfo]:
         best = max((ctx.overlap.get(w.name, 0) for w in candidates), default=0)
+        if self.lookahead is not None:
+            self._now_s, self._capacity = view.now(), sum(w.num_blocks for w in candidates)
+            self.lookahead.observe(candidates, self._now_s)
         waits = {w.name: self.wait_blocks(w, view) for w in candidates}
         costs = {w.name: self.cost(w, ctx, best, waits[w.name]) for w in candidates}
         ordered = self.near_ties(sorted(candidates, key=lambda w: (costs[w.name], -ctx.overlap.get(w.name, 0),
@@ -174,9 +187,25 @@ class KVAware(PolicyBase):
         even = min(computed.values()) + self.balance * footprint
         near.sort(key=lambda w: (0, costs[w.name], computed[w.name], w.name) if computed[w.name] <= even
                   else (1, computed[w.name], costs[w.name], w.name))
+        if self.lookahead is not None and overlap == 0 and waits[near[0].name] > 0:
+            near = self.look_ahead(near, waits)
         return near + [w for w in ordered if w not in near]
 
+    def look_ahead(self, near: list[WorkerInfo], waits: dict[WorkerId, float]) -> list[WorkerInfo]:
+        """A new home: the balanced first choice waits behind its step; the least waiting of the others goes
+        first instead when ``HomeLookahead.idle_first`` says the wait saved outweighs the balance kept."""
+        assert self.lookahead is not None
+        first = near[0]
+        other = min(near[1:], key=lambda w: (waits[w.name], self.computed.get(w.name, 0), w.name))
+        if not self.lookahead.idle_first(first, other, waits[first.name], waits[other.name], self._capacity,
+                                         self._now_s):
+            return near
+        return [other, *(w for w in near if w is not other)]
+
     def on_routed(self, worker: WorkerInfo, ctx: RequestContext) -> None:
-        new = ctx.num_blocks - ctx.overlap.get(worker.name, 0)
+        held = ctx.overlap.get(worker.name, 0)
+        new = ctx.num_blocks - held
         worker.pending_blocks += new
         self.computed[worker.name] = self.computed.get(worker.name, 0) + max(0, new)
+        if self.lookahead is not None:
+            self.lookahead.routed(held, new, self._now_s)
