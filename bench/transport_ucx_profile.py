@@ -1,0 +1,235 @@
+"""Where kvmesh's ucx time goes: the receiver's event-loop thread per MiB, and how each worker sleep ends.
+
+Two questions ``bench/transport.py`` cannot answer from its throughput and latency figures:
+
+- **Bulk (1 MiB messages):** the receiver is the bottleneck (its data receives stay posted; the sender
+  waits), so its event-loop thread's CPU time per MiB bounds the rate. The thread's time is split into
+  ``progress`` (inside ``worker.progress_once``: UCX's protocol and the copy itself, a
+  ``process_vm_readv`` over shared memory), ``callbacks`` (completion callbacks run by the worker's
+  reap: framing, pool, posting receives, delivery) and ``rest`` (everything else the loop ran: the
+  verifier's results, acknowledgements, idle spins). Measured for kvmesh's receiver and for the tuned
+  bare loop's receiver (``bench/_transport_baselines.py``) moving the same bytes.
+- **4 KiB pushes:** each side's worker spins for ``SPIN_S`` after its last completion, then arms and
+  sleeps on UCX's event descriptor. For each sleep: how it ended (``fd``: UCX signalled;
+  ``post``: this side posted a request; ``idle_poll``: nothing came within ``IDLE_POLL_S``) and how
+  long it lasted; ``not_armed`` counts sleeps refused because events were pending.
+
+Every worker here is :class:`ProfiledWorker`, a :class:`transport.ucx_worker.UcxWorker` whose progress
+loop also reads the thread's CPU clock (about 1 us per loop iteration, so throughput here runs a little
+below ``bench/transport.py``'s). The receivers run in child processes (this script with ``--child``),
+so sender and receiver each have a core. Figures depend on what else the host runs: compare kvmesh
+with the bare loop within one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import uvloop
+
+from actors.clock import Clock
+from bench._common import emit, parser, pct
+from bench._transport_baselines import (
+    SENDER,
+    UCX_TRANSPORTS,
+    MiB,
+    child_ucx_bare_sink,
+    child_ucx_sink,
+    ucx_address,
+    ucx_bare_throughput,
+    ucx_env,
+    ucx_environment,
+    ucx_unavailable,
+)
+from bench.transport import gbps, push_latency, push_throughput
+from transport import TransportOptions
+from transport.ucx_worker import IDLE_POLL_S, SPIN_S, UcxWorker
+
+HERE = Path(__file__).resolve()
+_workers: list[ProfiledWorker] = []
+"""Every ProfiledWorker this process created, in order."""
+
+
+class ProfiledWorker(UcxWorker):
+    """A UCX worker whose progress loop accounts its thread's CPU time and records each sleep (see the
+    module docstring); otherwise the same loop as :meth:`UcxWorker._run` and :meth:`UcxWorker._sleep`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # its progress task first runs after this returns
+        self.cpu = {"progress": 0.0, "callbacks": 0.0}
+        self.cpu_start = time.thread_time()  # after creating the UCX context, which costs a fraction of a second
+        self.sleep_ends: dict[str, list[float]] = {"fd": [], "post": [], "idle_poll": []}
+        self.not_armed = 0
+        _workers.append(self)
+
+    async def _run(self) -> None:
+        worker = self.worker
+        progress_once = worker.progress_once
+        cpu = time.thread_time
+        quiet_since = time.perf_counter()
+        while not self._closed:
+            progressed = self._fresh
+            self._fresh = False
+            a = cpu()
+            while progress_once():
+                progressed = True
+            b = cpu()
+            self.cpu["progress"] += b - a
+            reaped = bool(progressed and self._outstanding and self._reap())
+            if progressed and self._outstanding:
+                self.cpu["callbacks"] += cpu() - b
+            if reaped:
+                quiet_since = time.perf_counter()
+            elif time.perf_counter() - quiet_since > SPIN_S:
+                await self._sleep()
+                quiet_since = time.perf_counter()
+                continue
+            self.spins += 1
+            await asyncio.sleep(0)
+
+    async def _sleep(self) -> None:
+        if not self.worker.arm():
+            self.not_armed += 1
+            return
+        self.sleeps += 1
+        kick = self._kick = self.loop.create_future()
+        how = ["post"]
+
+        def readable() -> None:
+            how[0] = "fd"
+            if not kick.done():
+                kick.set_result(None)
+
+        t0 = time.perf_counter()
+        self.loop.add_reader(self._fd, readable)
+        try:
+            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
+        except TimeoutError:
+            how[0] = "idle_poll"
+        finally:
+            self.loop.remove_reader(self._fd)
+            self._kick = None
+        self.sleep_ends[how[0]].append((time.perf_counter() - t0) * 1e6)
+
+    def report(self) -> dict[str, Any]:
+        """CPU seconds of this thread since the worker started, by part, and each sleep's ending."""
+        total = time.thread_time() - self.cpu_start
+        return {"thread_cpu_s": round(total, 4), "progress_s": round(self.cpu["progress"], 4),
+                "callbacks_s": round(self.cpu["callbacks"], 4),
+                "rest_s": round(total - self.cpu["progress"] - self.cpu["callbacks"], 4),
+                "spins": self.spins, "not_armed": self.not_armed,
+                "sleeps": {k: pct(v) for k, v in self.sleep_ends.items()}}
+
+
+def _install() -> None:
+    """Make every UCX worker this process creates from now on a ProfiledWorker."""
+    import transport.ucx
+    import transport.ucx_worker
+
+    transport.ucx.UcxWorker = ProfiledWorker  # type: ignore[misc]  # a measuring subclass, this process only
+    transport.ucx_worker.UcxWorker = ProfiledWorker  # type: ignore[misc]
+
+
+async def child(kind: str) -> None:
+    """A receiver (``kv``: kvmesh's; ``bare``: the bare loop's) that prints its address, serves until its
+    stdin closes, then prints its workers' reports as one JSON line."""
+    _install()
+    task = asyncio.ensure_future(child_ucx_sink() if kind == "kv" else child_ucx_bare_sink())
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(json.dumps([w.report() for w in _workers]), flush=True)
+    task.cancel()
+
+
+class Receiver:
+    """This script as ``--child KIND`` in another process (see :func:`child`)."""
+
+    def __init__(self, kind: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", str(HERE), "--child", kind], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        assert self.proc.stdout is not None
+        self.location = self.proc.stdout.readline().strip()
+        if not self.location:
+            raise RuntimeError(f"receiver {kind} did not start")
+
+    def report(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()  # the receiver reports, then stops
+        line = self.proc.stdout.readline()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        reports: list[dict[str, Any]] = json.loads(line)
+        return reports[0]
+
+
+def per_mib(report: dict[str, Any], mib: int) -> dict[str, float]:
+    """The receiver thread's CPU microseconds per MiB received, by part, and its idle spins per MiB."""
+    return {k: round(report[f"{k}_s"] / mib * 1e6, 1) for k in ("thread_cpu", "progress", "callbacks", "rest")} | {
+        "spins": round(report["spins"] / mib, 1)}
+
+
+async def profile_over(tls: str, rounds: int, pings: int) -> dict[str, Any]:
+    from transport.ucx import UcxTransport
+
+    total = 64 * MiB
+    env = ucx_env(tls)
+    out: dict[str, Any] = {"tls": tls}
+    with ucx_environment(env):
+        bare = Receiver("bare", env)
+        rates = [gbps(total, await ucx_bare_throughput(bare.location, total, 1)) for _ in range(rounds)]
+        mib = rounds * 2 * total // MiB  # each call sends a warm-up round and a measured one
+        out["bare_loop"] = {"gbps": rates, "receiver_us_per_mib": per_mib(bare.report(), mib)}
+        kv = Receiver("kv", env)
+        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
+        addr = ucx_address(kv.location)
+        rates = [gbps(total, await push_throughput(t, addr, total, 1)) for _ in range(rounds)]
+        out["kvmesh"] = {"gbps": rates, "receiver_us_per_mib": per_mib(kv.report(), mib)}
+        kv = Receiver("kv", env)  # a fresh receiver and sender, so the sleep records hold only the pushes
+        await t.close()
+        t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
+        addr = ucx_address(kv.location)
+        lat = await push_latency(t, addr, 4096, pings)
+        sender = _workers[-1].report()
+        await t.close()
+        out["push_4KiB"] = {"latency_us": pct(lat), "sender": sender, "receiver": kv.report()}
+    b, k = out["bare_loop"]["receiver_us_per_mib"], out["kvmesh"]["receiver_us_per_mib"]
+    print(f"ucx {tls}: bare loop {max(out['bare_loop']['gbps'])} GB/s, kvmesh {max(out['kvmesh']['gbps'])} GB/s; "
+          f"receiver thread us/MiB bare {b}, kvmesh {k}")
+    p = out["push_4KiB"]
+    print(f"ucx {tls} 4 KiB push p50 {p['latency_us']['p50']} us; sleeps sender {p['sender']['sleeps']}, "
+          f"receiver {p['receiver']['sleeps']}")
+    return out
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"bench": "transport_ucx_profile", "quick": quick, "spin_s": SPIN_S}
+    skip = ucx_unavailable()
+    if skip:
+        result["skipped"] = skip
+        return result
+    _install()
+    for name, tls in UCX_TRANSPORTS.items():
+        result[name] = await profile_over(tls, 3 if quick else 8, 200 if quick else 1000)
+    return result
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        uvloop.run(child(sys.argv[2]))
+        return
+    args = parser(__doc__ or "").parse_args()
+    emit(uvloop.run(run(args.quick)))
+
+
+if __name__ == "__main__":
+    main()
