@@ -92,7 +92,14 @@ class Tokenizer:
         """Whether ``encode`` cuts ``text`` with ``str.split``: printable, single spaces, no trailing space. Then
         each word's ids depend on the word and its leading space alone, so ``encode(a + b) == encode(a) +
         encode(b)`` whenever ``b`` starts with the space before a word (``cluster.router.prompt_memo``)."""
-        return text.isprintable() and "  " not in text and not text.endswith(" ")
+        if "  " in text or text.endswith(" "):
+            return False
+        if text.isascii():  # (a flag CPython keeps: O(1)) printable ASCII is 0x20..0x7e; numpy's min and max
+            # scan its bytes ~3x faster than ``isprintable`` walks the characters (an 8.7k-character prompt:
+            # ~40 -> ~15 us, on a cache miss's path before its send)
+            chars = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+            return not chars.size or bool(chars.min() >= 0x20 and chars.max() <= 0x7E)
+        return text.isprintable()
 
     def _encode_spaced(self, text: str) -> list[int]:
         parts = text.split(" ")
@@ -131,13 +138,21 @@ class Tokenizer:
         """Tokens of ``split_head``'s rest, measured, not tokenized: a word of ``n`` characters after its space is
         ``ceil((n + 1) / MAX_PIECE) = 1 + n // MAX_PIECE`` pieces: one per space, plus each word's length (the gap
         to the next space, over the text as UTF-32 code points) over ``MAX_PIECE``, vectorized (a 2143-word rest:
-        ~126 -> ~60 us, on a cache miss's path before its send)."""
+        ~126 -> ~60 us, on a cache miss's path before its send). ASCII text (``isascii``: O(1)) is scanned as
+        its bytes, one per code point, and the gaps taken without ``np.diff``'s concatenation: ~70 -> ~45 us."""
         if not rest:
             return 0
-        chars = np.frombuffer(rest.encode("utf-32-le"), dtype=np.uint32)
+        if rest.isascii():
+            chars: np.ndarray = np.frombuffer(rest.encode("ascii"), dtype=np.uint8)
+        else:
+            chars = np.frombuffer(rest.encode("utf-32-le"), dtype=np.uint32)
         spaces = np.flatnonzero(chars == 32)
-        lengths = np.diff(spaces, append=chars.size) - 1
-        return int(spaces.size + (lengths // MAX_PIECE).sum())
+        if not spaces.size:
+            return 0  # (split_head's rest is empty or starts with a space)
+        ends = np.empty_like(spaces)
+        ends[:-1] = spaces[1:]
+        ends[-1] = chars.size
+        return int(spaces.size + ((ends - spaces - 1) // MAX_PIECE).sum())
 
     def _learn(self, words: set[str]) -> None:
         """Keep the ids of words not seen yet (each after one space), computed in one loop. A prompt of fresh

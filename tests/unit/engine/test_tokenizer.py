@@ -92,3 +92,23 @@ def test_output_model_tokens_in_bulk_are_the_tokens_one_by_one() -> None:
     for base in (0, 1, 2**63 + 12345, 2**64 - 1):
         assert out.tokens(base, 5, 300) == [out.token(base, p) for p in range(5, 305)]
     assert out.tokens(7, 0, 0) == []
+
+
+ASCII_WORD = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=9)
+
+
+@given(st.booleans(), st.lists(ASCII_WORD, min_size=1, max_size=60), st.integers(0, 40))
+def test_an_ascii_rest_counts_the_ids_past_the_head(lead: bool, words: list[str], head: int) -> None:
+    # ASCII text is counted from its bytes (count_after_head's fast path): the count tokenizing it gives.
+    text = (" " if lead else "") + " ".join(words)
+    got = TOK.split_head(text, head)
+    assert got is not None
+    ids, rest = got
+    assert len(ids) + TOK.count_after_head(rest) == len(TOK.encode(text))
+
+
+@given(st.text(st.sampled_from([chr(c) for c in range(0x80)] + ["\u00e9", "\u00a0", "\u2028", "\u4e00"]),
+               max_size=12))
+def test_spaced_is_printable_with_single_spaces_and_no_trailing_space(text: str) -> None:
+    # ASCII text is checked from its bytes (0x20..0x7e), other text by str.isprintable: both the definition.
+    assert TOK.spaced(text) == (text.isprintable() and "  " not in text and not text.endswith(" "))
