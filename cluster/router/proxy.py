@@ -35,12 +35,32 @@ PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*([0-9]+)')
 CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*([0-9]+)')
 
 
-def splice_json(raw: bytes, extra: dict[str, Any]) -> bytes:
-    """``raw`` (a JSON object) with ``extra``'s keys appended; later keys override earlier ones."""
+def splice_json(raw: bytes, extra: dict[str, Any] | bytes) -> bytes:
+    """``raw`` (a JSON object) with ``extra``'s keys appended; later keys override earlier ones. ``extra`` may be
+    given encoded already: a JSON object's members and its closing brace (``splice_members``)."""
     end = raw.rstrip().rfind(b"}")
     head = raw[:end].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + json.dumps(extra, separators=(",", ":"))[1:].encode()
+    return head + sep + (extra if isinstance(extra, bytes) else splice_members(extra))
+
+
+def splice_members(extra: dict[str, Any]) -> bytes:
+    """``extra`` as ``splice_json`` appends it: its compact JSON without the opening brace."""
+    return json.dumps(extra, separators=(",", ":"))[1:].encode()
+
+
+_STREAM_EXTRA = splice_members({"output_token_ids": True, "stream_options": {"include_usage": True}})
+"""What the router adds to a streamed request whose ``stream_options`` hold no other key (most do), encoded."""
+
+
+def stream_payload(raw: bytes, body: dict[str, Any]) -> bytes:
+    """A streamed request's bytes (``raw``, parsed as ``body``) with what the router needs of the engine's
+    stream: token ids, and usage whatever the client asked (the client's other ``stream_options`` kept). The
+    common case's addition is encoded once (``_STREAM_EXTRA``: ~8 us a request)."""
+    opts = body.get("stream_options")
+    if not isinstance(opts, dict) or not opts.keys() - {"include_usage"}:
+        return splice_json(raw, _STREAM_EXTRA)
+    return splice_json(raw, {"output_token_ids": True, "stream_options": {**opts, "include_usage": True}})
 
 
 class _Failed(Exception):
@@ -77,9 +97,7 @@ class ColocatedFlow:
             return p.call.body
         # Append the router's needs to the client's own bytes (a later duplicate key wins in JSON parsers),
         # rather than re-encoding a body that may hold a hundred thousand token ids.
-        opts = p.req.body.get("stream_options")
-        return splice_json(p.call.body, {"output_token_ids": True, "stream_options": {
-            **(opts if isinstance(opts, dict) else {}), "include_usage": True}})
+        return stream_payload(p.call.body, p.req.body)
 
     async def serve(self, p: Proxied, ranked: list[WorkerInfo]) -> Whole | None:
         payload = self.payload(p)
