@@ -19,6 +19,21 @@ loop also reads the thread's CPU clock (about 1 us per loop iteration, so throug
 below ``bench/transport.py``'s). The receivers run in child processes (this script with ``--child``),
 so sender and receiver each have a core. Figures depend on what else the host runs: compare kvmesh
 with the bare loop within one run.
+
+Measured (locked, host contended by other sessions' nice-19 work, load 3.6-4.8; direction only):
+
+- Bulk, receiver thread us/MiB (thread CPU = progress + callbacks + rest): sm bare 275 = 218 + 6 + 50
+  at 2.94 GB/s, kvmesh 347 = 180 + 70 + 97 at 1.69 GB/s; tcp bare 347 = 266 + 14 + 67 at 2.47 GB/s,
+  kvmesh 469 = 210 + 112 + 147 at 1.17 GB/s; kvmesh spins 18-20 times per MiB against 2.5-5.5. The
+  receiver's thread is on a core for only about 55% of kvmesh's wall time (about 77% of the bare
+  loop's): its CPU per MiB alone would allow 0.79x the bare loop, the rate is 0.47-0.58x.
+- 4 KiB pushes are bistable. While each answer arrives within ``SPIN_S`` of the request, neither
+  side sleeps and a push takes 118-140 us (sm); once one answer is late, both sides sleep between
+  pushes, every sleep ends by UCX's fd after 620-780 us (sm; 340-480 tcp) and most sleeps are first
+  refused (``not_armed``), so a push takes 1.2-1.5 ms (sm), 0.6 ms (tcp), and stays there. The same
+  sender and receiver gave 118 us in one run and 1.2-1.5 ms in four others, with or without a bare loop
+  run before. A longer spin on both sides made it worse (0.5 ms: 2.9 ms a push; 1 ms: 4.9 ms; 10 ms:
+  8 ms), a 10 ms spin on one side only gave 193-204 us.
 """
 
 from __future__ import annotations
