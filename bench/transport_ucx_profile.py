@@ -103,17 +103,16 @@ class ProfiledWorker(UcxWorker):
                 self.cpu["callbacks"] += cpu() - b
             if reaped:
                 quiet_since = time.perf_counter()
-            elif time.perf_counter() - quiet_since > SPIN_S:
-                await self._sleep()
+            elif time.perf_counter() - quiet_since > SPIN_S and await self._sleep():
                 quiet_since = time.perf_counter()
                 continue
             self.spins += 1
             await asyncio.sleep(0)
 
-    async def _sleep(self) -> None:
+    async def _sleep(self) -> bool:
         if not self.worker.arm():
             self.not_armed += 1
-            return
+            return False
         self.sleeps += 1
         kick = self._kick = self.loop.create_future()
         how = ["post"]
@@ -133,6 +132,7 @@ class ProfiledWorker(UcxWorker):
             self.loop.remove_reader(self._fd)
             self._kick = None
         self.sleep_ends[how[0]].append((time.perf_counter() - t0) * 1e6)
+        return True
 
     def report(self) -> dict[str, Any]:
         """CPU seconds of this thread since the worker started, by part, and each sleep's ending."""
