@@ -176,6 +176,7 @@ class ColocatedFlow:
                             self.attempts.succeeded(worker)
                             await self.relay.finish(p.out, st)
                             self.metrics.responses.inc_labels("200")
+                            await up.drain()  # the client has it all; keep the engine's connection pooled
                             return None
                     except DISCONNECTS:
                         # The client left: leaving this block closes the upstream connection, which aborts

@@ -235,6 +235,7 @@ class Relay:
                             st.prompt_tokens = before
                             if failure is None:
                                 self.attempts.succeeded(w)
+                                await up.drain()  # keep the connection pooled (Upstream's docstring)
                                 return True
                 except UpstreamError:
                     pass

@@ -76,6 +76,7 @@ class FakeResponse:
         self.eof = False
         self.closed = False
         self.aborted = False
+        self.drained = False
 
     async def chunk(self) -> bytes:
         if self.closed:
@@ -95,6 +96,15 @@ class FakeResponse:
         while data := await self.chunk():
             out += data
         return out
+
+    async def drain(self, wait_s: float = 0.05) -> bool:
+        """What is left of the answer, read up to its end unless it stalls or fails (then not ended)."""
+        self.drained = True
+        while self._parts and self._parts[0] is not STALL and not isinstance(self._parts[0], BaseException):
+            self._parts.pop(0)
+        if not self._parts:
+            self.eof = True
+        return self.eof
 
     def close(self) -> None:
         if not self.closed:

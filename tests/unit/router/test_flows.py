@@ -188,6 +188,21 @@ async def test_a_client_that_leaves_aborts_the_engines_request(
     assert upstream.answered[1].aborted and ws[0].breaker.failures == 0
 
 
+async def test_a_completed_stream_reads_its_engines_answer_to_the_end_and_a_left_one_does_not(
+        make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
+    # The engine's body ends after its [DONE] (the chunked end, a separate write): read to it, the connection
+    # goes back to the pool (Upstream.drain); an engine answer the client left is closed unread (aborted).
+    ws = workers(1)
+    r = await make_router(ws)
+    upstream.engine("http://w0", lambda s: Answer(200, [*token_events([1, 2]), b"data: {}\n\n"]))
+    out = FakeClient()
+    assert await vclock.run(r.completions(call(streamed([5], 2)), out)) is None
+    assert out.token_ids() == [1, 2] and out.events()[-1] == "[DONE]"
+    assert upstream.answered[0].drained and not upstream.answered[0].aborted
+    assert await vclock.run(r.completions(call(streamed([5], 2)), FakeClient(leave_after=1))) is None
+    assert not upstream.answered[1].drained and upstream.answered[1].aborted
+
+
 async def test_a_stalled_engine_of_a_whole_answer_is_given_up_on_and_retried_elsewhere(
         make_router: MakeRouter, upstream: FakeUpstream, vclock: VirtualClock) -> None:
     """The read timeout itself is aiohttp's (see the integration test); here its error, mid-body."""
