@@ -178,6 +178,20 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
     sync(choice.Chooser, "rank", "rank")
     sync(proxy.ColocatedFlow, "payload", "payload")
     coro(upstream.AiohttpUpstream, "request", "upstream")
+
+    seen: set[Any] = set()
+    """Every connection a send went out on (held, so a closed one's id is never taken for a new one's)."""
+    request = upstream.AiohttpUpstream.request
+
+    async def count_connects(self: Any, *a: Any, **k: Any) -> Any:
+        out = await request(self, *a, **k)
+        conn = out._resp.connection  # (None once an answer that came whole released it)
+        m = task_marks()
+        if m is not None and conn is not None and conn.protocol is not None:
+            m["fresh_connection"] = int(conn.protocol not in seen)  # a new connection, not a pooled one
+            seen.add(conn.protocol)
+        return out
+    upstream.AiohttpUpstream.request = count_connects  # type: ignore[method-assign]
     coro(web.WebStream, "start", "client_start")
 
     chunk = upstream.AiohttpResponse.chunk
@@ -276,6 +290,8 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
                 ("router_write_to_client", "write1_e", "c_first")]
         for name, a, b in seq:
             out[name] = _median_us(rows, a, b)
+        fresh = [r["fresh_connection"] for r in rows if "fresh_connection" in r]
+        out["fresh_connections"] = sum(fresh)  # sends that opened a connection (~2 ms more than a pooled one)
         pre = [s for s in SPANS if s not in ("upstream", "client_start", "encode", "hash")]
         out["router_steps_sum"] = round(sum(out[s] for s in pre), 1)
         for s in (*pre, "encode", "hash"):  # CPU time of the steps (what a loaded host stretches above)
