@@ -197,15 +197,21 @@ class UcxWorker:
                 log.exception("UCX completion callback failed")
         return bool(finished)
 
+    def _progress(self) -> bool:
+        """Progress UCX until it has nothing left to do (what ``progress()`` does), telling whether anything
+        happened."""
+        progressed = False
+        progress_once = self.worker.progress_once
+        while progress_once():
+            progressed = True
+        return progressed
+
     async def _run(self) -> None:
-        worker = self.worker
         quiet_since = time.perf_counter()
-        progress_once = worker.progress_once
         while not self._closed:
             progressed = self._fresh
             self._fresh = False
-            while progress_once():  # what progress() does, telling whether anything happened
-                progressed = True
+            progressed = self._progress() or progressed
             if progressed and self._outstanding and self._reap():  # no event, no completion: skip the scan
                 quiet_since = time.perf_counter()
             elif time.perf_counter() - quiet_since > SPIN_S and await self._sleep():
