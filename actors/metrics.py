@@ -271,16 +271,21 @@ class EngineMetrics:
     def on_transfer_failed(self, op: str) -> None:
         self.kv_transfers.labels(*self._lv, op, "failed").inc()
 
-    def exposition(self, names: Iterable[str] = ()) -> bytes:
+    def exposition(self, names: Iterable[str] = (), engine: Engine | None = None) -> bytes:
         """The text page: every metric, or only the samples named in ``names`` (Prometheus' ``name[]`` query, as
         ``prometheus_client``'s own handlers take it: only the collectors of those names are collected).
+
+        The page is synced once (``sync``) with ``engine``, or with the engine last seen (a step, a finish) when
+        none is given; an engine's ``/metrics`` handler passes its engine, so a page scraped before the first
+        step shows it too.
 
         Why filtered: a load test polls every engine for its two queue gauges every 0.5 s. A whole page is ~2 ms
         of the engine process's loop (four engines' pages back to back: ~8 ms), time in which every engine of the
         process missed its step deadline; in the 60 s Mooncake slice the poll alone took step lag p99 from 1.6 to
         12.3 ms (``bench/density.py``).
         """
-        if self._engine is not None:
-            self.sync(self._engine)
+        engine = engine if engine is not None else self._engine
+        if engine is not None:
+            self.sync(engine)
         wanted = set(names)
         return generate_latest(self.registry.restricted_registry(wanted) if wanted else self.registry)

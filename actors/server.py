@@ -301,8 +301,7 @@ class EngineServer:
                                   "dp_size": 1, "version": "kvmesh"})
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        self.metrics.sync(self.engine)
-        return web.Response(body=self.metrics.exposition(request.query.getall("name[]", ())),
+        return web.Response(body=self.metrics.exposition(request.query.getall("name[]", ()), engine=self.engine),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def load_report(self) -> dict[str, Any]:
