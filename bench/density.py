@@ -22,7 +22,9 @@ Figures (``--parts``, default all):
   generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit).
   Goal: 3x the old layout's tokens/s at 4 GPUs.
 - ``mooncake``: the first 60 s of the Mooncake conversation trace (``../shared/traces/``) on 8 GPUs at time
-  scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms.
+  scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms. The load
+  generator (this process's loop thread) runs at the layout's ``engine_nice`` (``ReplayConfig.generator_nice``),
+  as a user's load test does; its row gives its niceness and how long it ran and waited for a core.
 - ``clock``: capacity at 4 GPUs with each ``engine_clock`` (spin: the loop polls the last ms before a
   deadline; thread: a helper thread sleeps off the loop; timer: the loop's timers alone).
 - ``invariance``: one synthetic trace (240 requests at 12/s) on 8 GPUs as 8 processes and as 1, everything else
@@ -190,22 +192,23 @@ def main_thread_run_and_wait_s() -> tuple[float, float]:
 
 
 def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, Any]:
-    from cluster.loadtest import LoadTestConfig, run_loadtest, run_sync
+    from cluster.loadtest import LoadTestConfig, ReplayConfig, run_loadtest, run_sync
     from cluster.loadtest.formats import ReadOptions, read_trace
     from cluster.loadtest.schedule import window
     from cluster.loadtest.spec import TraceData
 
     full = read_trace(MOONCAKE, "mooncake", ReadOptions(block_size=512))
     trace = TraceData(str(MOONCAKE), "mooncake", window(full.requests, 0.0, seconds), block_size=512)
-    h = launch(spec(8, layout))
+    cluster = spec(8, layout)
+    h = launch(cluster)
     try:
         pids = process_pids(h)
         sched0, gen0 = run_and_wait_s(h.worker_pids), main_thread_run_and_wait_s()
         cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
-        s = run_sync(run_loadtest(h.router_url, trace, LoadTestConfig(name=f"density-mooncake-{label}",
-                                                                       progress=False, plots=False,
-                                                                       step_lag_threshold_ms=LAG_BOUND_MS),
-                                  out_root=None)).summary
+        config = LoadTestConfig(name=f"density-mooncake-{label}", progress=False, plots=False,
+                                replay=ReplayConfig(generator_nice=cluster.engine_nice),
+                                step_lag_threshold_ms=LAG_BOUND_MS)
+        s = run_sync(run_loadtest(h.router_url, trace, config, out_root=None)).summary
         cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
         sched1, gen1 = run_and_wait_s(h.worker_pids), main_thread_run_and_wait_s()
     finally:
@@ -225,7 +228,8 @@ def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, An
            "engine_processes_waited_for_a_core_s": round(sched1[1] - sched0[1], 2),
            "load_generator_ran_s": round(gen1[0] - gen0[0], 2),
            "load_generator_waited_for_a_core_s": round(gen1[1] - gen0[1], 2),
-           "load_generator_nice": os.getpriority(os.PRIO_PROCESS, 0),
+           "load_generator_nice": (s.get("load_generator") or {}).get("nice"),
+           "load_generator_priority_note": (s.get("load_generator") or {}).get("note"),
            "host_load_avg_1m": round(os.getloadavg()[0], 2)}
     print(f"mooncake {seconds:g} s, 8 GPUs, {label} layout: {row}", flush=True)
     return row
@@ -267,18 +271,19 @@ def invariance_part(quick: bool) -> dict[str, Any]:
     """The same synthetic trace on 8 GPUs as 8 processes and as 1 (and in the old layout): TTFT/TPOT side by side."""
     import tempfile
 
-    from cluster.loadtest import LoadTestConfig, read_trace, run_loadtest, run_sync
+    from cluster.loadtest import LoadTestConfig, ReplayConfig, read_trace, run_loadtest, run_sync
 
     out: dict[str, Any] = {"invariance_tolerance": INVARIANCE_TOLERANCE}
     with tempfile.TemporaryDirectory() as tmp:
         wl = Path(tmp) / "wl.yaml"
         wl.write_text(INVARIANCE_WORKLOAD.format(n=48 if quick else 240))
         for label, layout in INVARIANCE_LAYOUTS.items():
-            h = launch(spec(8, layout))
+            cluster = spec(8, layout)
+            h = launch(cluster)
             try:
-                s = run_sync(run_loadtest(h.router_url, read_trace(wl, "synthetic"),
-                                          LoadTestConfig(name=f"density-invariance-{label}", progress=False,
-                                                         plots=False), out_root=None)).summary
+                config = LoadTestConfig(name=f"density-invariance-{label}", progress=False, plots=False,
+                                        replay=ReplayConfig(generator_nice=cluster.engine_nice))
+                s = run_sync(run_loadtest(h.router_url, read_trace(wl, "synthetic"), config, out_root=None)).summary
                 actors = len(h.workers)
             finally:
                 h.shutdown()

@@ -65,6 +65,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-format", choices=["ids", "text"], default="ids",
                    help="send prompts as token ids, or as text of one word per token (for text-only routers)")
     g.add_argument("--seed", type=int, default=0, help="seed of prompt synthesis, jitter and re-timing")
+    g.add_argument("--generator-nice", type=int, default=None, metavar="N",
+                   help="niceness of the load generator's thread for the run (-20..19): with --config the spec's "
+                        "engine_nice, else the engines' default (-5), so it does not wait for a core behind "
+                        "emulated engines on the same host; kept as it is where the host refuses (no root or "
+                        "CAP_SYS_NICE), which the summary notes")
     g = p.add_argument_group("SLOs and output")
     g.add_argument("--slo", action="append", default=[], metavar="NAME:MS",
                    help="an SLO, e.g. ttft:500, tpot:50, e2el:20000 (repeatable)")
@@ -80,8 +85,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "object, each rate's summary under 'runs')")
 
 
-def _config(args: argparse.Namespace, time_scale: float) -> Any:
+def _config(args: argparse.Namespace, time_scale: float, engine_nice: int | None = None) -> Any:
+    """The load test's config from the arguments; ``engine_nice``: the launched spec's, the generator's default."""
     from cluster.loadtest import ClientConfig, LoadTestConfig, ReplayConfig, WorkloadSlice, parse_slos
+    from cluster.loadtest.priority import ENGINE_NICE_DEFAULT
 
     try:
         slos = parse_slos(args.slo)
@@ -90,7 +97,9 @@ def _config(args: argparse.Namespace, time_scale: float) -> Any:
             slice=WorkloadSlice(start_s=args.start, duration_s=args.duration, max_requests=args.max_requests,
                                 jitter_buckets=args.jitter_buckets),
             replay=ReplayConfig(speed=args.speed, concurrency=args.concurrency,
-                                metrics_interval_s=args.metrics_interval),
+                                metrics_interval_s=args.metrics_interval,
+                                generator_nice=next(n for n in (args.generator_nice, engine_nice,
+                                                                ENGINE_NICE_DEFAULT) if n is not None)),
             client=ClientConfig(model=args.model, time_scale=time_scale, request_timeout_s=args.request_timeout,
                                 prompt_format=args.prompt_format),
             rates=tuple(args.rate), retime=args.retime, burstiness=args.burstiness, slos=slos,
@@ -113,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"warning: {trace.malformed_count} malformed line(s) in {trace.source} skipped; first: "
                   + "; ".join(f"line {m.line}: {m.reason}" for m in trace.malformed[:3]))
     handle: Any = None
+    engine_nice: int | None = None
     if args.config is not None:
         from config import ConfigError, load_cluster
 
@@ -131,11 +141,11 @@ def run(args: argparse.Namespace) -> int:
             handle = launch(spec, address=args.address)
         except Exception as e:  # Ray and start-up errors come in many types; all mean the same here
             raise SystemExit(f"error: cluster {spec.name} did not start: {type(e).__name__}: {e}") from None
-        url, time_scale = str(handle.router_url), spec.time_scale
+        url, time_scale, engine_nice = str(handle.router_url), spec.time_scale, spec.engine_nice
     else:
         url, time_scale = args.target, args.time_scale if args.time_scale is not None else 1.0
     try:
-        config = _config(args, time_scale)
+        config = _config(args, time_scale, engine_nice)
         folder = args.out
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,10 @@ a full collection scans only what the run itself made.
 Closed loop. ``concurrency`` workers share the request list; each sends its next request as soon as its
 previous one finished (the schedule time of a request is its real send time).
 
+The replay's thread runs at ``generator_nice`` for the run (``priority.py``: the emulated engines' niceness,
+-5 by default, where the host allows it), so on a host it shares with the engines it does not wait for a core
+behind them.
+
 Around the run the target's ``/metrics`` is scraped once before and once after (prefix cache counters,
 step-lag histogram) and polled every ``metrics_interval_s`` for queue depth (see ``scrape.py``). A
 watchdog ends requests still open after the target has reported nothing in flight for ``stall_grace_s``
@@ -40,6 +44,7 @@ import aiohttp
 from actors.clock import Clock
 from cluster.loadtest.client import ClientConfig, CompletionClient, PreparedRequest
 from cluster.loadtest.prebuild import DEFAULT_BUDGET_BYTES, Prebuilder
+from cluster.loadtest.priority import ENGINE_NICE_DEFAULT, NiceClaim, generator_priority
 from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.scrape import DepthSample, MetricsText, TargetProbe
 from cluster.loadtest.spec import RequestSpec
@@ -65,6 +70,10 @@ class ReplayConfig:
     stall_grace_s: float = 30.0
     """Open requests are ended as ``stalled`` once the target has reported nothing running, waiting or
     held for this many wall seconds (a stream the server never closed); needs ``scrape``."""
+    generator_nice: int | None = ENGINE_NICE_DEFAULT
+    """Niceness of the replay's thread for the run (``priority.py``): the engines' (``ClusterSpec.engine_nice``)
+    so neither waits behind the other on a shared host; None leaves it as it is. Where the host refuses (no root
+    or CAP_SYS_NICE) the thread keeps its niceness and the summary says so."""
     on_origin: Callable[[float], None] | None = field(default=None, compare=False)
     """Told the run's origin (``time.monotonic()`` of emulated time 0) once it is fixed, before the first
     send: how a fault schedule replays on the same timeline as the requests."""
@@ -76,6 +85,8 @@ class ReplayConfig:
             raise ValueError(f"concurrency must be at least 1 (got {self.concurrency})")
         if self.prebuild_bytes < 0:
             raise ValueError(f"prebuild_bytes must be >= 0 (got {self.prebuild_bytes})")
+        if self.generator_nice is not None and not -20 <= self.generator_nice <= 19:
+            raise ValueError(f"generator_nice is a niceness, between -20 and 19 (got {self.generator_nice})")
 
     @property
     def mode(self) -> str:
@@ -101,6 +112,8 @@ class ReplayResult:
     """Each worker's own page before and after (per-engine and per-process step lag)."""
     processes: dict[str, str] = field(default_factory=dict)
     """Worker name -> the process hosting it, when the router says (``GET /workers``' ``process``)."""
+    priority: NiceClaim | None = None
+    """The niceness the replay's thread asked for and ran at (``ReplayConfig.generator_nice``)."""
 
 
 OnDone = Callable[[RequestRecord], None]
@@ -114,8 +127,10 @@ async def replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayConf
     sess = session or aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                             timeout=aiohttp.ClientTimeout(total=None))
     try:
-        with frozen_heap():
-            return await _replay(base_url, specs, config, client_config, synthesizer, on_done, sess)
+        with frozen_heap(), generator_priority(config.generator_nice) as claim:
+            result = await _replay(base_url, specs, config, client_config, synthesizer, on_done, sess)
+        result.priority = claim
+        return result
     finally:
         if own:
             await sess.close()

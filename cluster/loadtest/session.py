@@ -11,8 +11,9 @@ its prompts already cached by an earlier one; every point thus starts as cold as
 
 The summary's trust flags: ``step_lag_ms.p99`` above ``step_lag_threshold_ms`` (the emulator could not
 keep its own clock), the send lag p99 above ``send_lag_threshold_ms`` (the load generator could not keep
-the schedule), or more than ``transfer_bottleneck_threshold`` of KV transfers slower over the real
-transport than over the emulated link (transfer times overstate the fabric) set ``trustworthy`` false
+the schedule; the note adds it when the host refused the generator the engines' priority, ``priority.py``),
+or more than ``transfer_bottleneck_threshold`` of KV transfers slower over the real transport than over the
+emulated link (transfer times overstate the fabric) set ``trustworthy`` false
 and add a note with the figure; the numbers are still reported. Step lag is also given per engine and per
 process (the workers' own pages; a process is what the router's ``GET /workers`` names it): a lagging run's
 note names the engines whose own p99 passed the threshold and suggests the time scale that would likely
@@ -152,8 +153,9 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
                      f"ms; latencies are inflated by an overloaded host{named}{hint}")
     if send_lag.get("p99") is not None and float(send_lag["p99"] or 0.0) > config.send_lag_threshold_ms:
         trustworthy = False
+        why = f"; {result.priority.note}" if result.priority is not None and result.priority.note else ""
         notes.append(f"the load generator fell behind its schedule: send lag p99 {send_lag['p99']:.2f} wall ms "
-                     f"> {config.send_lag_threshold_ms} ms")
+                     f"> {config.send_lag_threshold_ms} ms{why}")
     slow = transfer_bottleneck(result.before, result.after)
     if slow is not None and slow["share"] > config.transfer_bottleneck_threshold:
         trustworthy = False
@@ -181,6 +183,7 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
         "engines_behind": behind,
         "suggested_time_scale": suggested,
         "send_lag_wall_ms": send_lag,
+        "load_generator": result.priority.to_json() if result.priority is not None else None,
         "kv_transfer_real_bottleneck": slow,
         "workers": [w for w, _ in result.workers],
         "trustworthy": trustworthy,

@@ -147,7 +147,7 @@ def test_replay_slice_prints_the_summary(cluster: ClusterHandle, tmp_path: Path,
 
 def test_loadtest_command_launches_the_config_and_prints_json(ray_cluster: object, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    spec = {"name": "it-loadtest-cli", "time_scale": 0.5,
+    spec = {"name": "it-loadtest-cli", "time_scale": 0.5, "engine_nice": -3,
             "nodes": [{"name": "n0", "region": "local", "hardware": "h100-80g-sxm", "gpus": 1,
                        "engines": [{"name": "solo", "model": "llama-3.1-8b"}]}]}
     cfg = tmp_path / "cluster.yaml"
@@ -166,3 +166,5 @@ def test_loadtest_command_launches_the_config_and_prints_json(ray_cluster: objec
         assert all(s[key][k] is not None for k in ("mean", "p50", "p90", "p99"))
     assert s["prefix_hit_ratio"] is not None and s["step_lag_ms"] is not None
     assert (tmp_path / "run" / "summary.json").exists()
+    gen = s["load_generator"]  # the generator asked for the launched engines' niceness, got it where allowed
+    assert gen["wanted"] == -3 and gen["nice"] in (-3, gen["before"]) and (gen["nice"] == -3) == (gen["note"] is None)
