@@ -6,7 +6,9 @@ from cluster.scenarios import disagg_crossover
 
 
 def test_isolated_requests_match_the_estimate(ray_cluster: object) -> None:
-    plan = disagg_crossover.Plan(prompts=(512, 8192, 16384), output=64, rates=(), ucx=False)
+    # A short prompt (re-run on the fine clock) and a long one: the two regimes the estimate's terms cover.
+    # The CLI sweeps the prompts between; 8192 was dropped here to keep the suite inside its budget.
+    plan = disagg_crossover.Plan(prompts=(512, 16384), output=64, rates=(), ucx=False)
     result = disagg_crossover.run(plan=plan, profiles=("lesson-70b-fp8",))
     rows = result["profiles"][0]["rows"]
     assert {r["mode"] for r in rows} == {"colocated", "rdma", "tcp", "tcp-pull"}
