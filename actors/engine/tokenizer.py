@@ -23,6 +23,10 @@ import numpy as np
 
 RESERVED = 16  # ids below this are special (0 = pad, 1 = bos, 2 = eos, ...)
 MAX_PIECE = 4
+_PRINTABLE = bytes(range(0x20, 0x7F))
+_WORD_BYTES = bytes(0x20 if c == 0x20 else 0x61 for c in range(256))
+"""A ``bytes.translate`` table: a space stays, every other byte becomes ``a`` (``head_and_count``)."""
+_RUN = b"a" * MAX_PIECE
 _PIECE = re.compile(r"\s*\S+|\s+")
 _SYLLABLES = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"]
 
@@ -94,11 +98,10 @@ class Tokenizer:
         encode(b)`` whenever ``b`` starts with the space before a word (``cluster.router.prompt_memo``)."""
         if "  " in text or text.endswith(" "):
             return False
-        if text.isascii():  # (a flag CPython keeps: O(1)) printable ASCII is 0x20..0x7e; numpy's min and max
-            # scan its bytes ~3x faster than ``isprintable`` walks the characters (an 8.7k-character prompt:
-            # ~40 -> ~15 us, on a cache miss's path before its send)
-            chars = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
-            return not chars.size or bool(chars.min() >= 0x20 and chars.max() <= 0x7E)
+        if text.isascii():  # (a flag CPython keeps: O(1)) printable ASCII is 0x20..0x7e: nothing is left once
+            # those bytes are deleted (one C loop; numpy's min and max cost ~60 us cold in the router's loop, ~8
+            # this way, and ``isprintable`` walks the characters: ~40 hot on an 8.7k-character prompt)
+            return not text.encode("ascii").translate(None, _PRINTABLE)
         return text.isprintable()
 
     def _encode_spaced(self, text: str) -> list[int]:
@@ -132,6 +135,30 @@ class Tokenizer:
         parts = text.split(" ", head_tokens + 1)  # each word is one piece or more: enough for the head
         rest = " " + parts.pop() if len(parts) > head_tokens + 1 else ""
         return self._encode_spaced(" ".join(parts)), rest
+
+    def head_and_count(self, text: str, head_tokens: int) -> tuple[list[int], int] | None:
+        """``split_head``'s head ids and the whole text's token count (``len(head) + count_after_head(rest)``),
+        or None where ``split_head`` gives None. ASCII text is checked and counted with a few C loops over its
+        bytes, no numpy: printable (nothing left once 0x20..0x7e are deleted), no double or trailing space; each
+        word of the rest follows a space and is ``1 + n // MAX_PIECE`` pieces, and the words' ``n // MAX_PIECE``
+        summed is how many non-overlapping runs of ``MAX_PIECE`` non-space bytes the rest holds (``bytes.count``
+        over the text with every non-space byte mapped to one letter: a run never spans a space). On a cache
+        miss's path before its send, where the router's loop meets each numpy call cold: in ``bench/router_miss``'s
+        router (200 misses, contended host, CPU medians) one pass of numpy's checks and count took ~175 us, these
+        ~85 (the head's own tokenizing ~60 more)."""
+        if not text.isascii():
+            got = self.split_head(text, head_tokens)
+            return None if got is None else (got[0], len(got[0]) + self.count_after_head(got[1]))
+        data = text.encode("ascii")
+        if data.translate(None, _PRINTABLE) or b"  " in data or data.endswith(b" "):
+            return None
+        parts = text.split(" ", head_tokens + 1)  # split_head's cut
+        if len(parts) <= head_tokens + 1:
+            ids = self._encode_spaced(text)
+            return ids, len(ids)
+        cut = len(text) - len(parts[-1]) - 1  # split_head's rest: the space before the last part, and that part
+        head = self._encode_spaced(text[:cut])
+        return head, len(head) + data.count(b" ", cut) + data.translate(_WORD_BYTES).count(_RUN, cut)
 
     @staticmethod
     def count_after_head(rest: str) -> int:

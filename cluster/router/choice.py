@@ -193,17 +193,16 @@ class Chooser:
         if self.use_memo and self.memo(pool[0].vocab_size, bs).known_tokens(p) >= HEAD_BLOCKS * bs:
             return False  # a prefix met before, likely a hit: the memo walks it faster than the head would
         tok = self._tokenizer(pool[0].vocab_size)
-        got = tok.split_head(p, HEAD_BLOCKS * bs)
+        got = tok.head_and_count(p, HEAD_BLOCKS * bs)  # (split_head's head, and the count, in one pass)
         if got is None:
             return False
-        head, rest = got
+        head, count = got
         hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
         if len(hashes) < HEAD_BLOCKS:
             return False  # a short prompt: nothing to save
         overlap = self._overlap_of(hashes, pool)
         if max(overlap.values(), default=0) >= len(hashes):
             return False  # some worker may hold more: walk the whole prompt
-        count = len(head) + tok.count_after_head(rest)
         ctx.overlap, ctx.text = overlap, p
         ctx.counted_tokens, ctx.counted_blocks = count, count // bs
         ctx.tail = functools.partial(self._finish_tail, ctx, req, pool)
@@ -212,7 +211,7 @@ class Chooser:
 
     def _finish_tail(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo]) -> None:
         ctx.tail = None
-        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.split_head, tested)
+        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.head_and_count, tested)
         ctx.counted_tokens = ctx.counted_blocks = None
         if ctx.routed_to is not None:
             self._record(ctx.routed_to, ctx)

@@ -51,6 +51,25 @@ def test_split_head_leaves_other_whitespace_to_the_full_path() -> None:
         assert TOK.split_head(text, 4) is None
 
 
+SPACED = st.lists(st.sampled_from(["a", "bc", "defgh", "ijklmnopq", "\u00e9t\u00e9", "x\ty", "!", "~~~~"]),
+                  max_size=50)
+
+
+@given(st.sampled_from(["", " "]), SPACED, st.sampled_from([" ", "  ", ""]), st.sampled_from(["", " ", "\n"]),
+       st.integers(0, 40))
+def test_head_and_count_is_split_head_with_its_rest_counted(lead: str, words: list[str], sep: str, end: str,
+                                                            head: int) -> None:
+    # One pass over an ASCII text's bytes (others: split_head then count_after_head): the same head and count,
+    # and None where split_head gives None (double or trailing spaces, other whitespace or controls).
+    text = lead + sep.join(words) + end
+    got, ref = TOK.head_and_count(text, head), TOK.split_head(text, head)
+    if ref is None:
+        assert got is None
+        return
+    assert got == (ref[0], len(ref[0]) + TOK.count_after_head(ref[1]))
+    assert got[1] == len(TOK.encode(text))
+
+
 def chooser(mode: str) -> tuple[Chooser, RoutingPolicy, list[WorkerInfo]]:
     ws = workers(4)
     view = ClusterView(ws, RoutingConfig(require_feed=False), lambda: 0.0)
