@@ -63,6 +63,9 @@ class StreamState:
     prefill_owed: int = 0
     moved: dict[str, Any] | None = None
     """The engine's ``kvmesh_migrated`` event: the peer the request went on to (live migration)."""
+    first_event: bytes | None = None
+    """The first relayed event's JSON, kept as it came: the stream's identity is parsed from it when first needed
+    (``identify``: the usage chunk, a continuation), not before the first token's write."""
     skip: int = 0
     """Tokens at the start of a resumed stream that the client already holds: dropped (dedupe by index)."""
     deduped: int = 0
@@ -81,6 +84,14 @@ class StreamState:
     def identify(self, ident: str | None, created: int | None, model: str | None) -> ResponseShapes:
         """The stream's identity (id, created, model), taken from its first chunk or made up front."""
         if self.shapes is None:
+            if self.first_event is not None:
+                try:
+                    obj = json.loads(self.first_event)
+                except ValueError:
+                    obj = None
+                if not isinstance(obj, dict):
+                    obj = {}
+                ident, created, model = obj.get("id"), obj.get("created"), obj.get("model")
             self.shapes = ResponseShapes(self.chat, model or "", ident)
             if created is not None:
                 self.shapes.created = created
@@ -186,9 +197,8 @@ class Relay:
         if b'"finish_reason":"' in data and final:
             st.finished = True
         if not rewrite:
-            if st.shapes is None:
-                obj = json.loads(data)
-                st.identify(obj.get("id"), obj.get("created"), obj.get("model"))
+            if st.shapes is None and st.first_event is None:
+                st.first_event = data  # (parsed by ``identify`` if ever needed)
             return event + b"\n\n"
         obj = json.loads(data)
         choice = (obj.get("choices") or [{}])[0]
