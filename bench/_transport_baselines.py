@@ -34,6 +34,7 @@ from actors.clock import Clock
 from transport import Block, RequestId, Site, TransportOptions
 from transport.base import Address, Releasable
 from transport.tcp import TcpTransport
+from transport.verify import VERIFY_THREAD_MIN
 
 MiB = 1 << 20
 SENDER, RECEIVER = Site("bench-a", "local"), Site("bench-b", "local")
@@ -398,6 +399,7 @@ CHILDREN: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
     "buffered-sink": child_buffered_sink,
     "ucx-sink-inline": functools.partial(child_ucx_sink, 0),  # every payload verified on the loop's thread
+    "ucx-sink-thread": functools.partial(child_ucx_sink, VERIFY_THREAD_MIN),  # large ones on the verifier thread
     "tcp-sink-inline": functools.partial(child_tcp_sink, 0),
 }
 

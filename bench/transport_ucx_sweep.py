@@ -5,7 +5,7 @@ For each UCX transport set (``sm,self`` and ``tcp,self``): ``ucx_perftest`` (bef
 trials; the better run is the baseline), and 64 MiB pushes
 (1 MiB blocks, 4 per push, all at once) into a receiver in another process, for every combination of
 the sender's window (``ucx_inflight_bytes``) and where checksums are computed (sender) and verified
-(receiver): on a thread of their own, the default, or on the event loop's thread; trials alternating
+(receiver): on a thread of their own, or on the event loop's thread (ucx's default); trials alternating
 between combinations so load from elsewhere on the host hits each alike. Each figure is the best trial
 and the median, in GB/s, with its ratio to perftest. Every payload is verified before delivery in every combination.
 """
@@ -43,7 +43,7 @@ from transport import TransportOptions
 from transport.verify import VERIFY_THREAD_MIN
 
 WINDOWS_MIB = (4, 8)
-RECEIVERS = {"verify_thread": "ucx-sink", "verify_on_loop": "ucx-sink-inline"}
+RECEIVERS = {"verify_thread": "ucx-sink-thread", "verify_on_loop": "ucx-sink-inline"}
 
 
 async def sweep_over(tls: str, trials: int, perftest_iters: int, total: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from transport import (
 )
 from transport.base import Address, TransportStats
 from transport.ucx import ucx_available
+from transport.verify import VERIFY_THREAD_MIN
 
 REASON = ucx_available()
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(REASON is not None, reason=f"ucxx unavailable: {REASON}")]
@@ -191,14 +192,16 @@ async def test_faults_never_deliver_corrupt_bytes() -> None:
 
 
 async def test_large_payloads_verified_off_the_loop_still_catch_corruption() -> None:
-    """Payloads over ``verify_thread_min_bytes`` are checked on the verifier thread: a corrupted one still
-    fails its push with IntegrityError and is never delivered; intact ones arrive as sent."""
+    """Payloads over ``verify_thread_min_bytes`` (set: ucx's default keeps checks on the worker's thread) are
+    checked on the verifier thread: a corrupted one still fails its push with IntegrityError and is never
+    delivered; intact ones arrive as sent."""
     from transport.ucx import UcxTransport
 
     clock = Clock(1.0)
     plan = FaultPlan.model_validate({"seed": 3, "rates": {"corrupt": 0.5}})
-    a = FaultyTransport(UcxTransport(A, clock), plan)
-    b = UcxTransport(B, clock)
+    threaded = TransportOptions(verify_thread_min_bytes=VERIFY_THREAD_MIN)
+    a = FaultyTransport(UcxTransport(A, clock, threaded), plan)
+    b = UcxTransport(B, clock, threaded)
     addr = await b.serve()
     outcomes: Counter[str] = Counter()
     for i in range(12):
