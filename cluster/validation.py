@@ -35,10 +35,17 @@ Replay speed: the closed loop's long runs of pure decode steps are run at once
 A row runs when the presets can express it, resolved through the catalog at run time: its model (HF
 id and precision, ``MODEL_NAMES`` or the derived name) and its system (``SYSTEM_PRESETS``) are presets,
 its mode is aggregated, it has no data-parallel attention, and its expert parallelism (if any) can be
-said in the engine spec (an ``ep`` field). Every other row is listed as skipped,
-with the reason. The engine is the emulator's own (``build_engine`` from a one-engine cluster spec, so
-KV capacity and cost model are what ``up``/``loadtest`` would use), driven on virtual time by
-``actors.engine.virtual``.
+said in the engine spec (an ``ep`` field). A MoE row whose attention width (``tp_size x attention_dp_size``)
+is not its expert width (``moe_tp_size x moe_ep_size``) does not say its deployment: aiconfigurator's own
+model requires the two equal (``ModelConfig.resolve_moe_parallelism``, ``aic-core/src/aiconfigurator_core/
+sdk/config.py`` at 095f58a5), so a blank ``attention_dp_size`` there stands for data-parallel attention over
+the difference (``moe_width``). Such rows measured another deployment than the consistent rows of the same
+engine TP: the 19 vLLM 0.12 Qwen3-235B-FP8 H200 rows with ``tp_size`` below the expert width have TTFT
+2-10x the consistent rows' at like or lower load (2000/2000 tokens: C 9, tp 1, moe_tp 2, 3,225 ms; C 16,
+tp 2, moe_tp 2, 418 ms), and replayed as TP = expert width their TTFT median |error| was 61% (bias -61%)
+against 8% (+8%) on the 32 consistent rows. Every other row is listed as skipped, with the reason. The
+engine is the emulator's own (``build_engine`` from a one-engine cluster spec, so KV capacity and cost model
+are what ``up``/``loadtest`` would use), driven on virtual time by ``actors.engine.virtual``.
 """
 
 from __future__ import annotations
@@ -245,10 +252,19 @@ def cluster_for(row: SiliconRow, model: str, hardware: str, concurrency: int, tp
     return ClusterSpec.model_validate(data, context={"catalog": catalog})
 
 
+def moe_width(row: SiliconRow, model: ModelProfile) -> int | None:
+    """GPUs a MoE row's experts span, ``moe_tp_size x moe_ep_size``; None for a dense model or a row that gives
+    neither. ``resolve`` replays a MoE row only where this equals its attention width (module docstring)."""
+    if model.moe is None or not (row.moe_tp_size or row.moe_ep_size):
+        return None
+    return (row.moe_tp_size or 1) * (row.moe_ep_size or 1)
+
+
 def engine_tp(row: SiliconRow, moe: bool) -> int:
     """vLLM's tensor-parallel size for the row: ``tp_size``, except for MoE models, where vLLM runs one
-    TP for attention and experts, ``moe_tp x moe_ep / dp`` (aiconfigurator's ``rule_plugin/vllm.rule``;
-    the table's ``tp_size`` is then the attention split its own model assumed)."""
+    TP for attention and experts, ``moe_tp x moe_ep / dp`` (aiconfigurator's ``rule_plugin/vllm.rule``, from
+    2026-04-14 on). On the rows ``resolve`` replays this is ``tp_size`` too: a MoE row whose attention and expert
+    widths differ is skipped (``moe_width``)."""
     assert row.tp_size is not None
     if not moe or not row.moe_tp_size:
         return row.tp_size
@@ -281,6 +297,10 @@ def resolve(rows: Iterable[SiliconRow], catalog: Catalog) -> tuple[list[Case], l
             reason = f"no model preset {model!r} in the catalog"
         elif (row.attention_dp_size or 1) > 1:
             reason = f"data-parallel attention (dp {row.attention_dp_size}) is not replayed"
+        elif (width := moe_width(row, catalog.models.get(model))) not in (None, row.tp_size):
+            reason = (f"MoE width {width} (moe_tp {row.moe_tp_size or 1} x moe_ep {row.moe_ep_size or 1}) is not the "
+                      f"attention width {row.tp_size} (tp x attention dp): data-parallel attention is implied "
+                      f"(aiconfigurator's ModelConfig.resolve_moe_parallelism) and not replayed")
         elif (row.moe_ep_size or 1) > 1 and "ep" not in EngineGroupSpec.model_fields:
             reason = f"expert parallelism (ep {row.moe_ep_size}): engine specs have no 'ep' field yet"
         if reason is not None:

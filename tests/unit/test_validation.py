@@ -80,13 +80,21 @@ def test_expert_parallel_rows_run_only_where_the_spec_can_say_ep(tmp_path: Path)
         assert not cases and "expert parallelism (ep 2)" in skips[0].reason
 
 
-def test_moe_rows_run_at_vllms_unified_tensor_parallel_size(tmp_path: Path) -> None:
+def test_moe_rows_run_only_where_attention_and_expert_widths_agree(tmp_path: Path) -> None:
+    # m1/m2: tp_size below moe_tp x moe_ep with a blank attention_dp_size, which aiconfigurator's own model
+    # rejects (tp x attention dp must equal moe_tp x moe_ep): data-parallel attention, skipped. A dense row's
+    # moe columns say nothing (d1).
     rows = ["m1,vllm,0.19.0,Qwen/Qwen3-30B-A3B,h200_sxm,,agg,128,8,2,1,,2,1,50.0,12.0",
             "m2,vllm,0.19.0,Qwen/Qwen3-30B-A3B,h200_sxm,,agg,128,8,2,2,,4,1,50.0,12.0",
+            "m3,vllm,0.19.0,Qwen/Qwen3-30B-A3B,h200_sxm,,agg,128,8,2,2,,2,1,50.0,12.0",
             "d1,vllm,0.19.0,Qwen/Qwen3-32B,h200_sxm,,agg,128,8,2,2,,1,1,50.0,12.0"]
-    cases, _ = resolve(read_rows(write_csv(tmp_path / "s.csv", rows)), default_catalog())
-    assert [(c.row.id, c.tp) for c in cases] == [("m1", 2), ("m2", 4), ("d1", 2)]
-    assert engine_tp(cases[0].row, moe=False) == 1
+    cases, skips = resolve(read_rows(write_csv(tmp_path / "s.csv", rows)), default_catalog())
+    assert [(c.row.id, c.tp) for c in cases] == [("m3", 2), ("d1", 2)]
+    reasons = {s.row.id: s.reason for s in skips}
+    assert reasons.keys() == {"m1", "m2"}
+    assert "MoE width 2" in reasons["m1"] and "attention width 1" in reasons["m1"]
+    assert "MoE width 4" in reasons["m2"] and "data-parallel attention" in reasons["m2"]
+    assert engine_tp(skips[0].row, moe=True) == 2 and engine_tp(skips[0].row, moe=False) == 1
 
 
 def test_derived_model_names() -> None:
