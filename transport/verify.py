@@ -15,7 +15,11 @@ checksums at once, so each is hashed while the loop writes the blocks before it)
 
 Measured (``bench/transport_ucx_sweep.py``, locked, host load 4.3 from other work, so every figure
 low): ucx over tcp 3.8 GB/s with the thread against 1.3 with checksums on the loop; over sm 2.0
-against 1.7; tcp (``bench/transport.py``) 1.9 against 2.1, within that run's noise.
+against 1.7; tcp (``bench/transport.py``) 1.9 against 2.1, within that run's noise. A later A/B (same
+run, alternating, receiver CPU per MiB) found the opposite for ucx, and ucx now keeps its checksums on
+its worker's thread by default (see :mod:`transport.ucx`): the verdict came back 0.76-1.0 ms after its
+payload landed (the thread waits for the GIL a spinning loop holds), and a push's window stayed held
+that long.
 
 Invariants: the caller keeps the payload's buffer unchanged and alive until ``done`` ran (a receiver
 that gives up on the frame meanwhile must not recycle the buffer: ``Lease.discard``); ``done`` runs
