@@ -4,7 +4,8 @@ the same fake engines, beside going straight to an engine, in alternating rounds
 
 Every process stamps ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux: one clock for every process), so one
 request's path splits into: the client's send to the router's handler (request read by aiohttp's server), the
-router's own steps (JSON parse, tokenize + hash, index lookup, policy ranking, body splice), the upstream send
+router's own steps (JSON parse, ``prepare``: the prompt's head tokenized, hashed and looked up for a miss, the
+whole prompt for a hit; policy ranking, body splice; a miss's tail is tokenized after the send), the upstream send
 to the engine's handler (pool, connect, write), the engine's answer (headers at once, then the first content
 chunk ``--engine-ms`` later, as a prefill would), the first chunk's way back through the router (read, relay,
 write) and to the client. The engines stamp their times into the first chunk itself; the router's spans come
@@ -114,7 +115,11 @@ def _engines(q: Any, n: int, engine_ms: float) -> None:
     uvloop.run(main())
 
 
-SPANS = ("parse", "fill_prompt", "encode", "hash", "overlap", "rank", "payload", "upstream", "client_start")
+SPANS = ("parse", "prepare", "fill_prompt", "encode", "hash", "overlap", "rank", "payload", "upstream", "client_start")
+BEFORE_SEND = ("parse", "prepare", "rank", "payload")
+"""The router's steps between the body and the upstream send (``prepare`` holds ``fill_prompt``, ``encode``, ``hash``
+and ``overlap`` when it walks the whole prompt; a miss ranked from its head leaves them to ``Chooser.complete``,
+after the send, where the spans of the same names then lie)."""
 
 
 def _instrument(marks: dict[str, dict[str, int]]) -> None:
@@ -171,6 +176,7 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
     app.RouterServer.route = routed  # type: ignore[method-assign]
 
     sync(app, "parse_json_object", "parse")
+    sync(choice.Chooser, "prepare", "prepare")
     sync(choice.Chooser, "fill_prompt", "fill_prompt")
     sync(tokenizer.Tokenizer, "encode", "encode")
     sync(choice, "hash_request_blocks", "hash")
@@ -292,9 +298,12 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
             out[name] = _median_us(rows, a, b)
         fresh = [r["fresh_connection"] for r in rows if "fresh_connection" in r]
         out["fresh_connections"] = sum(fresh)  # sends that opened a connection (~2 ms more than a pooled one)
-        pre = [s for s in SPANS if s not in ("upstream", "client_start", "encode", "hash")]
-        out["router_steps_sum"] = round(sum(out[s] for s in pre), 1)
-        for s in (*pre, "encode", "hash"):  # CPU time of the steps (what a loaded host stretches above)
+        out["router_steps_sum"] = round(sum(out[s] for s in BEFORE_SEND), 1)
+        # what the wall from parse to send holds beyond the wrapped steps (admission, bookkeeping, the loop)
+        out["parse_to_upstream_unwrapped"] = round(out["parse_to_upstream_other"] - sum(
+            out[s] for s in BEFORE_SEND if s != "parse"), 1)
+        for s in (*BEFORE_SEND, "fill_prompt", "overlap", "encode", "hash"):  # CPU time of the steps (what a
+            # loaded host stretches above)
             vals = [r[s + "_cpu"] for r in rows if s + "_cpu" in r]
             out[s + "_cpu"] = round(statistics.median(vals) / 1000.0, 1) if vals else float("nan")
     return out
