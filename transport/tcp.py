@@ -41,10 +41,12 @@ SMALL_WRITE = 64 * 1024
 class FrameConnection(asyncio.BufferedProtocol):
     """One socket: frames in through a decoder into pooled buffers, frames out with flow control.
 
-    With a ``verifier``, payloads of at least ``verify_min`` bytes are checked on its thread while the
-    socket is read on (:mod:`transport.verify`): such a frame, and every frame after it, waits in
-    ``_held`` until its verdict, so the handler still sees every frame in order and verified. Frames
-    held when the connection ends are dropped (a buffer still being checked is discarded, not recycled).
+    Large xxh3 payloads (the senders' default) are verified by the decoder as their bytes land (hashed
+    piece by piece while still in cache, :mod:`transport.frame`). With a ``verifier``, other payloads of
+    at least ``verify_min`` bytes are checked on its thread while the socket is read on
+    (:mod:`transport.verify`): such a frame, and every frame after it, waits in ``_held`` until its
+    verdict, so the handler still sees every frame in order and verified. Frames held when the
+    connection ends are dropped (a buffer still being checked is discarded, not recycled).
     """
 
     def __init__(self, pool: BufferPool, limits: Limits, make_handler: Callable[[FrameConnection], Handler],
@@ -63,10 +65,14 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._unlisten: Callable[[], None] | None = None
         self._on_frame_error = on_frame_error
         self._failed = False
+        self._gather = False
 
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._gather = type(transport).__module__.startswith("uvloop")
+        """uvloop's ``writelines`` sends its buffers with one writev and keeps views of them; asyncio's (3.11) joins
+        them into one copy first, so there a large frame goes as two writes."""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -234,6 +240,8 @@ class FrameConnection(asyncio.BufferedProtocol):
             t.write(head)
         elif body.nbytes < SMALL_WRITE:
             t.write(head + body)  # one write (and syscall) for a small frame
+        elif self._gather:
+            t.writelines((head, body))  # one writev: no syscall and no TCP segment for the header alone
         else:
             t.write(head)
             t.write(body)

@@ -33,6 +33,7 @@ from transport import (
     TransportOptions,
 )
 from transport.base import Address, TransportStats
+from transport.checksum import ChecksumName
 from transport.frame import FrameType, encode_bytes
 from transport.tcp import TcpTransport
 
@@ -186,12 +187,14 @@ async def test_oversized_declaration_is_refused_unread(pair) -> None:
     assert b.pool.allocations == allocations and b.frame_errors == 1
 
 
-@pytest.mark.parametrize("repeat", [99, 70_000])  # 594 bytes, and 420 kB (checked on the verifier thread)
-async def test_corrupt_payload_fails_that_transfer_only(pair, repeat: int) -> None:
+@pytest.mark.parametrize(("repeat", "algo"), [(99, "xxh3"), (70_000, "xxh3"), (70_000, "sum64")])
+async def test_corrupt_payload_fails_that_transfer_only(pair, repeat: int, algo: ChecksumName) -> None:
+    """594 bytes (checked whole), 420 kB of xxh3 (hashed as it lands) and of sum64 (on the verifier thread)."""
     a, b, addr = pair
     host, port = addr.location.split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    frame = bytearray(encode_bytes(FrameType.PUSH_DATA, {"t": 1, "i": 0, "b": 5, "l": [0, 1]}, b"abcdef" * repeat))
+    frame = bytearray(encode_bytes(FrameType.PUSH_DATA, {"t": 1, "i": 0, "b": 5, "l": [0, 1]}, b"abcdef" * repeat,
+                                   algo=algo))
     frame[-3] ^= 0x40
     writer.write(bytes(frame) + encode_bytes(FrameType.PUSH_END, {"t": 1, "r": "x", "n": 1, "c": True}))
     await writer.drain()

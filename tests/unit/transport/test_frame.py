@@ -13,6 +13,7 @@ from transport.frame import (
     MAGIC,
     SMALL,
     SMALL_META_SIZE,
+    STAGE_READ,
     FrameDecoder,
     FrameType,
     Limits,
@@ -85,6 +86,47 @@ def test_steady_state_allocates_nothing_per_frame() -> None:
         for f in dec.feed(frame):
             f.release()
     assert dec.pool.allocations == allocations == 1
+
+
+def test_a_backlogged_socket_reads_large_payloads_straight_into_their_buffers() -> None:
+    """A socket with a backlog fills every buffer it is handed: of each 1 MiB payload at most ``STAGE_READ``
+    bytes (read with its header) go through the staging area and are copied out; the rest is read into
+    the payload's own pool buffer."""
+    payload = bytes(range(256)) * 4096
+    wire = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, payload) * 3
+    dec = decoder()
+    reads: list[tuple[object, int]] = []
+    frames = []
+    pos = 0
+    while pos < len(wire):
+        view = dec.get_buffer(-1)
+        k = min(view.nbytes, len(wire) - pos)
+        view[:k] = wire[pos:pos + k]
+        pos += k
+        reads.append((view.obj, k))
+        frames.extend(dec.buffer_updated(k))
+    assert len(frames) == 3 and all(f.intact and bytes(f.payload) == payload for f in frames)
+    buffers = [f.lease.buffer for f in frames if f.lease is not None]
+    staged = sum(k for obj, k in reads if not any(obj is b for b in buffers))
+    assert staged <= 3 * STAGE_READ
+    for f in frames:
+        f.release()
+
+
+@pytest.mark.parametrize("flip", [100, 70_000, (1 << 20) - 1])
+@pytest.mark.parametrize("chunk", [4096, 1 << 21])
+def test_a_large_payload_hashed_as_it_lands_is_still_checked_whole(flip: int, chunk: int) -> None:
+    """A flipped byte anywhere in a 1 MiB xxh3 payload (read with its header, through staging, or straight
+    into its buffer) fails only its own frame; the next one decodes intact."""
+    payload = bytes(range(256)) * 4096
+    frame = encode_bytes(FrameType.PUSH_DATA, {"t": 1}, payload)
+    bad = bytearray(frame)
+    bad[len(frame) - len(payload) + flip] ^= 0x10
+    frames = feed_in_chunks(decoder(), bytes(bad) + frame, chunk)
+    assert [f.intact for f in frames] == [False, True]
+    assert bytes(frames[1].payload) == payload
+    for f in frames:
+        f.release()
 
 
 def test_corrupt_payload_is_flagged_and_stream_continues() -> None:
