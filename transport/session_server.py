@@ -23,6 +23,7 @@ from transport.base import (
 )
 from transport.connection import MAX_STAGED_PER_CONNECTION, YIELD_BYTES, Connection
 from transport.frame import (
+    PUSH_DATA,
     Frame,
     FrameType,
     encode_ack,
@@ -78,7 +79,7 @@ class Server:
     def on_frame(self, f: Frame) -> None:
         t = f.meta["t"] if f.checked else field_int(f.meta, "t")
         ft = f.type
-        if ft == FrameType.PUSH_DATA:
+        if ft == PUSH_DATA:
             if (f.checked or (f.meta.get("n") == 1 and f.meta.get("c") is True)) and t not in self.staged:
                 self._push_one(t, f)  # the small-push fast path: one block, committed at once
                 return
