@@ -42,15 +42,14 @@ id that would be below -2**63) or a request id that is not UTF-8, is a ``FrameEr
 and ``feed`` replays bytes (tests, fuzzing). Small reads land in a fixed staging buffer; a payload is
 read into a buffer leased from a :class:`BufferPool` (large remainders directly, so the kernel copies
 into it once; a staged read is capped at ``STAGE_READ``, so at most that much of a payload is copied
-twice), so decoding allocates nothing per frame beyond the metadata map (and, for a large payload, one
-hash state).
+twice), so decoding allocates nothing per frame beyond the metadata map.
 
 Verification. Every payload's checksum is checked before its frame is emitted intact. An xxh3 payload
 of at least ``STREAM_MIN`` bytes (the senders' default algorithm) is hashed piece by piece as each read
-lands, with XXH3's streaming state (the same digest as hashing it whole): the bytes are still in the
-core's cache then, where hashing the whole payload after its last read touches a megabyte the cache no
-longer holds. A decoder told to (``defer_verify_min``) leaves other large payloads unverified for its
-caller to check off the loop's thread.
+lands, with XXH3's streaming state (one per decoder, reset per payload; the same digest as hashing it
+whole): the bytes are still in the core's cache then, where hashing the whole payload after its last
+read touches a megabyte the cache no longer holds. A decoder told to (``defer_verify_min``) leaves other
+large payloads unverified for its caller to check off the loop's thread.
 
 Failure behaviour. A header that is not a frame (magic, version, type, algorithm, flags), declares a
 length over the caps, or fails its CRC raises :class:`FrameError` before anything is allocated: a
@@ -243,6 +242,8 @@ class FrameDecoder:
         self._direct = False
         self._hasher: Any = None
         """The running XXH3 of the payload being received (xxh3 payloads of at least ``STREAM_MIN`` bytes)."""
+        self._xxh3 = xxhash.xxh3_64()
+        """The one XXH3 state ``_hasher`` uses, reset per payload (a fresh state is a malloc, at times an mmap)."""
         self._failed: FrameError | None = None
 
     # -- BufferedProtocol side -------------------------------------------------------------------
@@ -361,7 +362,10 @@ class FrameDecoder:
                 if lease is None:
                     return
                 self._lease, self._filled = lease, 0
-                self._hasher = xxhash.xxh3_64() if self._algo == "xxh3" and self._payload_len >= STREAM_MIN else None
+                self._hasher = None
+                if self._algo == "xxh3" and self._payload_len >= STREAM_MIN:
+                    self._hasher = self._xxh3
+                    self._hasher.reset()
                 self._state = self._PAYLOAD
             else:  # payload
                 assert self._lease is not None
