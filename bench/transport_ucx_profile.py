@@ -6,9 +6,11 @@ Two questions ``bench/transport.py`` cannot answer from its throughput and laten
   waits), so its event-loop thread's CPU time per MiB bounds the rate. The thread's time is split into
   ``progress`` (inside ``worker.progress_once``: UCX's protocol and the copy itself, a
   ``process_vm_readv`` over shared memory), ``callbacks`` (completion callbacks run by the worker's
-  reap: framing, pool, posting receives, delivery) and ``rest`` (everything else the loop ran: the
-  verifier's results, acknowledgements, idle spins). Measured for kvmesh's receiver and for the tuned
-  bare loop's receiver (``bench/_transport_baselines.py``) moving the same bytes.
+  reap: framing, pool, posting receives, checksum checks, delivery and its acknowledgement, ucx's
+  default since checksums run on the worker's thread) and ``rest`` (everything else the loop ran:
+  idle spins, flushes, a verifier thread's results where one is configured). Measured for kvmesh's
+  receiver and for the tuned bare loop's receiver (``bench/_transport_baselines.py``) moving the same
+  bytes.
 - **4 KiB pushes:** each side's worker spins for ``SPIN_S`` after its last completion, then arms and
   sleeps on UCX's event descriptor. For each sleep: how it ended (``fd``: UCX signalled;
   ``post``: this side posted a request; ``idle_poll``: nothing came within ``IDLE_POLL_S``) and how
@@ -34,6 +36,12 @@ Measured (locked, host contended by other sessions' nice-19 work, load 3.6-4.8; 
   sender and receiver gave 118 us in one run and 1.2-1.5 ms in four others, with or without a bare loop
   run before. A longer spin on both sides made it worse (0.5 ms: 2.9 ms a push; 1 ms: 4.9 ms; 10 ms:
   8 ms), a 10 ms spin on one side only gave 193-204 us.
+
+After checksums moved onto the worker's thread and idle spins began to ``sched_yield`` (``--quick``,
+locked, load 2.5, two runs each, alternated with the code before; direction only): kvmesh's sm receiver
+646/651 -> 580/624 us/MiB (callbacks 239/225 -> 314/325 now holding the checks and deliveries, rest
+135/140 -> 34/51), tcp 1017/841 -> 817/804; 4 KiB push p50 sm 659/563 -> 430/697 us, tcp 947/777 ->
+373/389 us. The bare loop's receiver (the same worker) moved too: sm 2.28/2.40 -> 3.78/1.56 GB/s.
 """
 
 from __future__ import annotations
