@@ -247,7 +247,8 @@ class TransportOptions(Frozen):
     buffer cold from DRAM (locked sweep, 1 MiB blocks, 4 per push: sm 4.3 -> 5.7 GB/s, tcp 3.5 -> 4.2 GB/s)."""
     verify_thread_min_bytes: int = Field(default=VERIFY_THREAD_MIN, ge=0)
     """UCX receivers verify payloads at least this large on a thread of their own, overlapping the next
-    receive (:mod:`transport.verify`), and senders compute the checksums such blocks lack there too (TCP
+    receive (:mod:`transport.verify`), and senders compute the checksums such blocks lack there too
+    (unset, ucx uses 0: its checks run on its worker's thread, :func:`transport.ucx.ucx_options`) (TCP
     receivers hash large xxh3 payloads as their reads land instead, :mod:`transport.frame`; the thread
     checks their other algorithms);
     0 keeps every checksum on the event loop's thread. Every payload is verified before delivery either
