@@ -246,13 +246,13 @@ class TransportOptions(Frozen):
     receiver's pooled buffers stay in the CPU cache: with 64 MiB in flight each 1 MiB payload landed in a
     buffer cold from DRAM (locked sweep, 1 MiB blocks, 4 per push: sm 4.3 -> 5.7 GB/s, tcp 3.5 -> 4.2 GB/s)."""
     verify_thread_min_bytes: int = Field(default=VERIFY_THREAD_MIN, ge=0)
-    """UCX receivers verify payloads at least this large on a thread of their own, overlapping the next
-    receive (:mod:`transport.verify`), and senders compute the checksums such blocks lack there too
-    (unset, ucx uses 0: its checks run on its worker's thread, :func:`transport.ucx.ucx_options`) (TCP
-    receivers hash large xxh3 payloads as their reads land instead, :mod:`transport.frame`; the thread
-    checks their other algorithms);
-    0 keeps every checksum on the event loop's thread. Every payload is verified before delivery either
-    way. Locked ``bench/transport.py`` (load 2.2): tcp 64 MiB 3.41 GB/s with the thread, 2.14 without."""
+    """Payloads at least this large get their checksum computed (senders) or checked (receivers) on a thread
+    of the transport's own, overlapping the loop's next send or receive (:mod:`transport.verify`); 0 keeps
+    every checksum on the event loop's thread. Every payload is verified before delivery either way. TCP
+    receivers hash large xxh3 payloads as their reads land instead (:mod:`transport.frame`); the thread
+    checks their other algorithms. Unset, ucx uses 0: its checks run on its worker's thread
+    (:func:`transport.ucx.ucx_options`). Locked ``bench/transport.py`` (load 2.2): tcp 64 MiB 3.41 GB/s with
+    the thread, 2.14 without (both before TCP receivers hashed as their reads land)."""
 
     @model_validator(mode="after")
     def _fits(self) -> TransportOptions:
