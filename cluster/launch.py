@@ -256,6 +256,17 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
             worker_cls.options(name=None, **actor_resources(node_host[g[0].node], sum(e.tp for e in g)))
             .remote(spec_json, [e.name for e in g], host or placement.bind_for(node_host[g[0].node]))
             for g in groups]
+        # The routers' processes start now, beside the workers'; they learn the engines' URLs in ``start``.
+        router_cls = ray.remote(num_cpus=0, max_restarts=0)(RouterActor)
+        zones: list[str | None] = ([r.name for r in spec.regions] if spec.router.partition_by_residency
+                                   else [None])
+        router_host = spec.placement.router_host
+        router_json = spec_json if router_host is None and spec.placement.bind_host == "auto" else spec.model_copy(
+            update={"router": spec.router.model_copy(update={"host": placement.bind_for(router_host)})}
+        ).model_dump_json()
+        for zone in zones:
+            handle.routers[zone or "*"] = router_cls.options(**actor_resources(router_host, ROUTER_SHARE)).remote(
+                None, router_json, zone)
         if spec.kv_store is not None:
             from actors.kvstore.actor import start_stores
 
@@ -273,17 +284,7 @@ def launch(spec: ClusterSpec, *, address: str | None = None, host: str | None = 
         handle.worker_pids = ray.get([w.pid.remote() for w in handle.workers], timeout=timeout_s)
         say("waiting for every engine to answer /health")
         _wait_healthy([d["url"] for d in handle.engines.values()], timeout_s)
-        router_cls = ray.remote(num_cpus=0, max_restarts=0)(RouterActor)
-        zones: list[str | None] = ([r.name for r in spec.regions] if spec.router.partition_by_residency
-                                   else [None])
-        router_host = spec.placement.router_host
-        router_json = spec_json if router_host is None and spec.placement.bind_host == "auto" else spec.model_copy(
-            update={"router": spec.router.model_copy(update={"host": placement.bind_for(router_host)})}
-        ).model_dump_json()
-        for zone in zones:
-            handle.routers[zone or "*"] = router_cls.options(**actor_resources(router_host, ROUTER_SHARE)).remote(
-                handle.engines, router_json, zone)
-        urls = ray.get([a.start.remote() for a in handle.routers.values()], timeout=timeout_s)
+        urls = ray.get([a.start.remote(handle.engines) for a in handle.routers.values()], timeout=timeout_s)
         urls = [advertised({"url": u}, placement.bind_for(router_host), placement.address_for(router_host))["url"]
                 for u in urls]
         handle.router_urls = dict(zip(handle.routers, urls, strict=True))

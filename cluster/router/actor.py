@@ -15,16 +15,32 @@ from config.cluster import ClusterSpec
 
 
 class RouterActor:
-    def __init__(self, workers: dict[str, dict[str, Any]], spec_json: str, residency_zone: str | None = None) -> None:
+    """One router process. ``workers`` may come later, with ``start``: a launch creates the actor while the
+    engines are still starting, so the process start-up and imports (a second or more per actor) overlap
+    theirs instead of following them."""
+
+    def __init__(self, workers: dict[str, dict[str, Any]] | None, spec_json: str,
+                 residency_zone: str | None = None) -> None:
         restore_priority()
-        spec = ClusterSpec.model_validate_json(spec_json)
+        self.spec = ClusterSpec.model_validate_json(spec_json)
+        self.zone = residency_zone
+        if workers is not None:
+            self._build(workers)
+
+    def _build(self, workers: dict[str, dict[str, Any]]) -> None:
+        spec = self.spec
         infos = [WorkerInfo.from_launch(n, d) for n, d in workers.items()]
-        server = RouterServer(infos, spec.router, site=RouterSite.of(spec, residency_zone),
+        server = RouterServer(infos, spec.router, site=RouterSite.of(spec, self.zone),
                               clock=Clock(spec.time_scale, spin_ms=0), rng=random.Random(spec.seed))
         self.server = server
-        self.http = RouterHTTP(server, spec.router.host, spec.router.port if residency_zone is None else 0)
+        self.http = RouterHTTP(server, spec.router.host, spec.router.port if self.zone is None else 0)
 
-    async def start(self) -> str:
+    async def start(self, workers: dict[str, dict[str, Any]] | None = None) -> str:
+        """Listen and return the URL; ``workers`` here when the constructor had none (exactly one of the two)."""
+        if (workers is not None) == hasattr(self, "server"):
+            raise ValueError("the router's workers come with the constructor or with start, exactly once")
+        if workers is not None:
+            self._build(workers)
         url = await self.http.start()
         freeze_heap()
         return url
@@ -48,4 +64,5 @@ class RouterActor:
         return ended
 
     async def stop(self) -> None:
-        await self.http.stop()
+        if hasattr(self, "http"):  # a launch that failed before ``start`` stops a router that never listened
+            await self.http.stop()
