@@ -64,8 +64,13 @@ class InflightPrefixes:
         t = Ticket(next(self._ids))
         self._tickets[t] = (worker, tuple(hashes))
         heapq.heappush(self._expiry, (now_ms + self.ttl_ms, t))
-        for h in hashes:
-            self._entries.setdefault((worker, h), set()).add(t)
+        entries = self._entries
+        for h in hashes:  # (not ``setdefault(key, set())``: a set made and dropped per block held already)
+            live = entries.get((worker, h))
+            if live is None:
+                entries[(worker, h)] = {t}
+            else:
+                live.add(t)
         return t
 
     def drop(self, ticket: int | None) -> None:

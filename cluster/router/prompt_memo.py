@@ -110,26 +110,36 @@ class PromptMemo:
         return best
 
     def _remember(self, text: str, ids: list[int], hashes: list[BlockHash]) -> None:
-        words = text.split(" ")
-        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        # Word ends from the text's code points as one array (ASCII: its bytes), not ``str.split`` and a length per
+        # word: ~175 -> ~25 us on a 2176-word prompt, in the tail of every new prefix's request (``Chooser.complete``).
+        if text.isascii():
+            points: np.ndarray = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        else:
+            points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        spaces = np.flatnonzero(points == 32)
+        ends = np.empty(spaces.size + 1, dtype=np.int64)  # the character after each word (its space, or the end)
+        ends[:-1] = spaces
+        ends[-1] = points.size
+        lengths = ends.copy()
+        lengths[1:] -= spaces + 1  # each word after a space starts past it (what ``text.split(" ")`` cuts)
         pieces = (lengths + MAX_PIECE) // MAX_PIECE  # a word after its space: ceil((n + 1) / MAX_PIECE)
         pieces[0] = -(-lengths[0] // MAX_PIECE)  # the first word has no space before it
         cum = np.cumsum(pieces)
         if int(cum[-1]) != len(ids):
             return  # not the tokenizer's count: keep nothing rather than something wrong
-        ends = np.cumsum(lengths + 1) - 1  # the character after each word (its space, or the text's end)
         bs = self.block_size
         targets = list(range(self.stride * bs, len(hashes) * bs + 1, self.stride * bs))
         if not targets or targets[-1] != len(hashes) * bs:
             targets.append(len(hashes) * bs)
+        found = np.searchsorted(cum, targets, side="right") - 1  # the last word that ends at or before each target
+        found = found[found >= 0]  # (none: the first word is longer than the target)
         chars: list[int] = []
         tokens: list[int] = []
-        for t in targets:
-            k = int(np.searchsorted(cum, t, side="right")) - 1  # the last word that ends at or before token t
-            if k < 0 or (tokens and int(cum[k]) <= tokens[-1]):
+        for c, t in zip(ends[found].tolist(), cum[found].tolist(), strict=True):
+            if tokens and t <= tokens[-1]:
                 continue
-            chars.append(int(ends[k]))
-            tokens.append(int(cum[k]))
+            chars.append(c)
+            tokens.append(t)
         if not chars:
             return
         entry = _Entry(text, list(ids), hashes[:tokens[-1] // bs], chars, tokens)  # the caller keeps ``ids``

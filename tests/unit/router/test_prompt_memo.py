@@ -47,6 +47,27 @@ def test_memo_answers_are_those_of_tokenizing_from_scratch(
         assert (ids, [int(h) for h in hashes]) == scratch(text, bs), text
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(WORD, min_size=1, max_size=60), st.booleans(), st.integers(1, 4), st.integers(1, 3))
+def test_each_checkpoint_is_a_word_end_holding_its_tokens(words: list[str], lead: bool, bs: int,
+                                                          stride: int) -> None:
+    # A checkpoint (chars, tokens): the text's first ``chars`` characters end at a word (a space or the end
+    # follows) and are ``tokens`` ids, the last at or before each stride of blocks (ASCII and not).
+    text = (" " if lead else "") + " ".join(words)
+    memo = PromptMemo(Tokenizer(32000), bs, stride=stride)
+    ids, _ = memo.encode(text)
+    entries = [e for bucket in memo._buckets.values() for e in bucket]
+    if len(ids) // bs < stride:
+        assert not entries  # too short to keep
+        return
+    (entry,) = entries
+    assert entry.chars == sorted(set(entry.chars)) and entry.tokens == sorted(set(entry.tokens))
+    assert entry.tokens[-1] <= len(ids) // bs * bs
+    for chars, tokens in zip(entry.chars, entry.tokens, strict=True):
+        assert chars == len(text) or text[chars] == " "
+        assert len(SCRATCH.encode(text[:chars])) == tokens
+
+
 def test_a_hit_reuses_the_shared_prefix_and_a_new_prefix_is_remembered() -> None:
     prefix = ids_to_text(list(range(1000, 3048)))  # bench/router.py's shape: 2048 one-token words
     memo = PromptMemo(Tokenizer(32000), 16)
