@@ -93,11 +93,22 @@ class TextChunk:
     router always asks for the ids (``output_token_ids``), so its streams take this path too.
     """
 
-    def __init__(self, shapes: ResponseShapes, with_ids: bool = False) -> None:
+    def __init__(self, shapes: ResponseShapes, with_ids: bool = False, tokenizer: Tokenizer | None = None) -> None:
         marker: Any = ["\x01"] if with_ids else None  # stands for the ids in the template
         self.head, rest = sse(shapes.chunk("\x00", None, marker)).split(b'"\\u0000"')
         self.mid, self.tail = rest.split(b'["\\u0001"]') if with_ids else (b"", rest)
         self.with_ids = with_ids
+        self.tokenizer = tokenizer or Tokenizer()
+
+    def token(self, token_id: int) -> bytes | None:
+        """The chunk of one token, ``self(decode_one(token_id), [token_id])``'s bytes, from the tokenizer's JSON
+        word table (no text decoded, no JSON encoder, no join over the ids); None when the token has no text."""
+        word = self.tokenizer.json_word(token_id)
+        if word is None:
+            return None
+        if not self.with_ids:
+            return self.head + word + self.tail
+        return b"%b%b%b[%d]%b" % (self.head, word, self.mid, token_id, self.tail)
 
     def __call__(self, text: str, ids: list[int] | tuple[int, ...] = ()) -> bytes:
         if not self.with_ids:
@@ -469,8 +480,13 @@ class EngineServer:
             decode = self.tokenizer.decode_one
             interval = self.stream_interval
             held: list[int] = []
-            plain = TextChunk(shapes, with_ids=return_ids)
-            async for ev in stream:
+            plain = TextChunk(shapes, with_ids=return_ids, tokenizer=self.tokenizer)
+            queue = stream.queue
+            while True:  # the stream's events, awaited on the queue directly (``EventQueue.arrival``)
+                ev = queue.pop()
+                if ev is None:
+                    await queue.arrival()
+                    continue
                 reason = ev.finish_reason
                 if reason is FinishReason.ABORT:
                     await resp.write(sse(error_body(503, "request aborted: the engine is stopping")))
@@ -491,6 +507,11 @@ class EngineServer:
                     if reason is None and not first_event and len(held) < interval:
                         continue
                     ids, held = held, []
+                if reason is None and pending_prompt_ids is None and len(ids) == 1:
+                    data = plain.token(ids[0])  # a steady decode's token: its chunk from the templates
+                    if data is not None:
+                        await resp.write(data)
+                        continue
                 text = decode(ids[0]) if len(ids) == 1 else "".join(decode(t) for t in ids)
                 if reason is None and pending_prompt_ids is None and text:
                     await resp.write(plain(text, ids))
@@ -500,6 +521,7 @@ class EngineServer:
                 pending_prompt_ids = None
                 if reason is not None:
                     finished = True
+                    break
             if include_usage:
                 await resp.write(sse(shapes.usage_chunk(len(prompt_ids), n_out,
                                                         stream.seq.num_cached_prompt_tokens)))

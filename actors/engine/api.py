@@ -107,8 +107,23 @@ class EventQueue:
     def put_nowait(self, ev: StreamEvent) -> None:
         self._items.append(ev)
         w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def pop(self) -> StreamEvent | None:
+        """The next event, or None when there is none yet (then await ``arrival``)."""
+        return self._items.popleft() if self._items else None
+
+    def arrival(self) -> asyncio.Future[None]:
+        """A future that resolves at the next ``put_nowait``: the streaming handler awaits it directly and then
+        ``pop``s, one await level per token where ``async for`` over ``get`` took an async generator and a
+        coroutine (``actors.server.EngineServer._stream``). Cancelling the await leaves the queue usable."""
+        if self._waiter is not None and not self._waiter.done():
+            raise RuntimeError("a request stream has one reader")
+        self._waiter = fut = asyncio.get_running_loop().create_future()
+        return fut
 
     def empty(self) -> bool:
         return not self._items
@@ -120,13 +135,12 @@ class EventQueue:
 
     async def get(self) -> StreamEvent:
         while not self._items:
-            if self._waiter is not None:
-                raise RuntimeError("a request stream has one reader")
-            self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self.arrival()
             try:
-                await self._waiter
+                await waiter
             finally:
-                self._waiter = None
+                if self._waiter is waiter:
+                    self._waiter = None
         return self._items.popleft()
 
 

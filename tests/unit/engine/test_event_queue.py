@@ -37,3 +37,24 @@ async def test_a_cancelled_reader_leaves_the_queue_usable_and_a_second_reader_is
     await asyncio.gather(reader, return_exceptions=True)
     q.put_nowait(ev(4))
     assert (await q.get()).token_ids == (4,)
+
+
+async def test_pop_and_arrival_deliver_every_event_in_order_and_a_cancelled_wait_leaves_the_queue_usable() -> None:
+    """The streaming handler's way to read: ``pop`` until None, then await ``arrival`` (resolved by the next put)."""
+    q = EventQueue()
+    assert q.pop() is None
+    waiting = q.arrival()
+    with pytest.raises(RuntimeError):
+        q.arrival()  # one reader
+    q.put_nowait(ev(1))
+    q.put_nowait(ev(2))
+    await waiting
+    assert [q.pop(), q.pop(), q.pop()] == [ev(1), ev(2), None]
+    cancelled = asyncio.ensure_future(q.arrival())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.gather(cancelled, return_exceptions=True)
+    again = q.arrival()
+    q.put_nowait(ev(3))
+    await again
+    assert q.pop() == ev(3) and q.empty()
