@@ -10,6 +10,7 @@ from transport.base import (
 )
 from transport.checksum import ChecksumChoice
 from transport.frame import (
+    Direct,
     Frame,
     FrameType,
 )
@@ -20,11 +21,12 @@ YIELD_BYTES = 256 * 1024
 frame: small frames queued in one loop iteration go out together, in one write or one UCX message)."""
 SMALL_PUSH = 64 * 1024
 """A push of one block at most this large, without a gate, takes the small-push fast path (see
-:meth:`transport.session_client.Client.push_small`)."""
+:meth:`transport.session_client.Client.send_small`)."""
 
 
-class Handler(Protocol):
-    """What a connection hands its frames and its end to."""
+class Handler(Direct, Protocol):
+    """What a connection hands its frames and its end to. A connection may hand a compact ACK or a small push
+    straight from its decoder (``on_ack``, ``on_small_push``: :class:`transport.frame.Direct`), or as a frame."""
 
     def on_frame(self, frame: Frame) -> None: ...
 

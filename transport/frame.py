@@ -66,7 +66,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import xxhash
@@ -212,8 +212,23 @@ def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *,
     return head + bytes(body)
 
 
+class Direct(Protocol):
+    """Takes a compact ACK or a small push straight from the decoder (``FrameDecoder.direct``): no Frame, no map."""
+
+    def on_ack(self, tid: int) -> None: ...
+
+    def on_small_push(self, t: int, b: int, layers: tuple[int, int], request_id: str, expires_at: float,
+                      payload: memoryview, lease: Lease | None, checksum: int, algo: ChecksumName,
+                      intact: bool) -> None: ...
+
+
 class FrameDecoder:
-    """Incremental frame decoder over a pool (see the module docstring for its failure behaviour)."""
+    """Incremental frame decoder over a pool (see the module docstring for its failure behaviour).
+
+    With ``direct`` set, a compact ACK or a small push that is the first frame completed by a read goes to it
+    in the same call chain, decoded and verified (``intact``), instead of into the returned list: the small-push
+    round trip's synchronous path. A frame behind others in the list goes into the list too (order is kept).
+    """
 
     _HEAD, _META, _PAYLOAD, _WAIT = range(4)
 
@@ -245,6 +260,7 @@ class FrameDecoder:
         self._xxh3 = xxhash.xxh3_64()
         """The one XXH3 state ``_hasher`` uses, reset per payload (a fresh state is a malloc, at times an mmap)."""
         self._failed: FrameError | None = None
+        self.direct: Direct | None = None
 
     # -- BufferedProtocol side -------------------------------------------------------------------
     @property
@@ -335,7 +351,10 @@ class FrameDecoder:
                     if zlib.crc32(self._stage_view[r:r + 28]) != crc:
                         raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
                     self._r = r + HEADER_SIZE
-                    out.append(Frame(ACK, {"t": tid, "ok": True}, _EMPTY, None, 0, "xxh3", True, True))
+                    if self.direct is not None and not out:
+                        self.direct.on_ack(tid)
+                    else:
+                        out.append(Frame(ACK, {"t": tid, "ok": True}, _EMPTY, None, 0, "xxh3", True, True))
                     continue
                 if flags == SMALL and self._small(out, r):
                     continue
@@ -438,16 +457,22 @@ class FrameDecoder:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
         meta = _small_meta(view[r + HEADER_SIZE:body])
         name = ALGO_NAMES[algo]
+        lease = None
+        payload = _EMPTY
         if n:
             lease = self.pool.acquire(n)
             if lease is None:
                 return False
             payload = lease.view
             payload[:] = view[body:body + n]
-            out.append(Frame(PUSH_DATA, meta, payload, lease, psum, name, checksum_of(name, payload) == psum, True))
-        else:
-            out.append(Frame(PUSH_DATA, meta, _EMPTY, None, 0, name, True, True))
         self._r = body + n
+        intact = not n or checksum_of(name, payload) == psum
+        if self.direct is not None and not out:
+            l0, l1 = meta["l"]
+            self.direct.on_small_push(meta["t"], meta["b"], (l0, l1), meta["r"], meta["x"], payload, lease,
+                                      psum if n else 0, name, intact)
+        else:
+            out.append(Frame(PUSH_DATA, meta, payload, lease, psum if n else 0, name, intact, True))
         return True
 
     def _parse_header(self, head: memoryview) -> None:

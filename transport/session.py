@@ -20,10 +20,13 @@ to keep their clocks in step to well under a deadline): a receiver that reads it
 was backlogged, refuses it rather than deliver a push its sender already reported as failed.
 
 Small pushes (one block of at most ``SMALL_PUSH`` bytes, no gate, on a connection ready to write) take
-a fast path with the same guarantees: one small-push frame (fixed-layout metadata, no msgpack; see
-:mod:`transport.frame`) written with its payload in one write, one future for the answer, and the
-connection's shared deadline timer instead of a timer of their own; the receiver decodes it in one
-step and answers with a compact ACK before it delivers the block.
+a fast path with the same guarantees, one synchronous call chain at each step of the round trip: the
+caller's ``push`` checksums, encodes (one small-push frame, fixed-layout metadata, no msgpack; see
+:mod:`transport.frame`) and writes it with its payload in one write (``Client.send_small``: no task, no
+coroutine of its own, the connection's shared deadline sweep instead of a timer) and awaits one plain
+future; the receiver's read callback decodes and verifies it, answers with a compact ACK and delivers
+the block (``FrameDecoder.direct``, ``Server.on_small_push``); the sender's read callback completes the
+future from the ACK (``Client.on_ack``), and ``push`` returns its record (``Client.finish_small``).
 
 Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block and
 ``PULL_END`` (or ``PULL_END`` with an error). A puller that gives up sends ``CANCEL``; the server stops.
@@ -152,23 +155,22 @@ class FramedTransport(EndpointBase):
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
         self._check_open()
+        if (gate is None and len(blocks) == 1 and blocks[0].payload.nbytes <= SMALL_PUSH
+                and (client := self._clients.get(address.location)) is not None):
+            reply = client.send_small(request_id, blocks[0], deadline_ms, address)  # written, or None: not now
+            if reply is not None:
+                try:
+                    await reply.fut
+                except asyncio.CancelledError:
+                    client.abandon_small(reply)
+                    raise
+                except TransportError:
+                    pass  # finish_small raises it
+                return client.finish_small(reply)
         start = self.clock.now_ms()
         dl = start + self.options.default_timeout_ms if deadline_ms is None else deadline_ms
-        timeout_s = self.clock.to_wall_s(dl - start)
-        expires_at = time.time() + timeout_s
+        expires_at = time.time() + self.clock.to_wall_s(dl - start)
         progress = Progress()
-        if gate is None and len(blocks) == 1 and (n := blocks[0].payload.nbytes) <= SMALL_PUSH:
-            client = self._clients.get(address.location)
-            conn = None if client is None else client.conn
-            if client is not None and conn is not None and conn.ready and client.budget.try_acquire(n):
-                try:
-                    wall = await client.push_small(request_id, blocks[0], expires_at, progress, max(0.0, timeout_s),
-                                                   address)
-                except TransportError as e:
-                    e.maybe_delivered = progress.unknown
-                    raise
-                return TransferRecord.unshaped(request_id, "push", self.name, address.site, 1, n, start,
-                                               self.clock.now_ms() - start, wall * 1000.0)
         try:
             async with within(self.clock, dl, Described(self.name, "push", request_id, "to", address)):
                 client = await self._client(address)

@@ -23,11 +23,12 @@ from transport.base import (
     PeerGone,
     RequestId,
     SizeHook,
+    TransferRecord,
     TransferTimeout,
     TransportError,
     error_from_wire,
 )
-from transport.checksum import ChecksumChoice, checksum_of, pick
+from transport.checksum import ChecksumChoice, ChecksumName, checksum_of, pick
 from transport.connection import YIELD_BYTES, Connection
 from transport.endpoint import ByteBudget, Described
 from transport.frame import (
@@ -86,18 +87,24 @@ class Pending:
 
 
 class Reply:
-    """A small push's wait for its one answer: a single future, resolved by the answer frame, failed by a
-    lost connection or, once the loop's clock passes ``due``, by its client's deadline sweep (the fast
-    path's stand-in for ``Pending`` and ``within``)."""
+    """A small push in flight (see :meth:`Client.send_small`): its one future and what its record needs. The
+    future is resolved by the answer (None for a compact ACK, else the answer frame's type and map), failed by a
+    lost connection or, once the loop's clock passes ``due``, by its client's deadline sweep (the fast path's
+    stand-in for ``Pending`` and ``within``); a failure after the write says ``maybe_delivered``."""
 
-    __slots__ = ("address", "due", "fut", "request_id")
+    __slots__ = ("address", "due", "fut", "nbytes", "request_id", "started_ms", "t0", "tid")
     kind = "push"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, due: float, request_id: RequestId, address: Address) -> None:
-        self.fut: asyncio.Future[tuple[FrameType, dict[str, Any]]] = loop.create_future()
+    def __init__(self, fut: asyncio.Future[tuple[FrameType, dict[str, Any]] | None], due: float, tid: int,
+                 request_id: RequestId, address: Address, nbytes: int, started_ms: float, t0: float) -> None:
+        self.fut = fut
         self.due = due
+        self.tid = tid
         self.request_id = request_id
         self.address = address
+        self.nbytes = nbytes
+        self.started_ms = started_ms
+        self.t0 = t0
 
     def resolve(self, ftype: FrameType, meta: dict[str, Any]) -> None:
         if not self.fut.done():
@@ -105,6 +112,7 @@ class Reply:
 
     def fail(self, err: TransportError) -> None:
         if not self.fut.done():
+            err.maybe_delivered = True  # the push was written whole: the receiver may have committed it
             self.fut.set_exception(err)
 
 
@@ -182,6 +190,22 @@ class Client:
         return self.conn is not None and self.conn.alive
 
     # handler interface
+    def on_ack(self, tid: int) -> None:
+        """A compact ACK (success) for transfer ``tid``, straight from the decoder."""
+        p = self.pending.get(tid)
+        if type(p) is Reply:
+            if not p.fut.done():
+                p.fut.set_result(None)
+        elif p is not None:
+            p.resolve(ACK, {"t": tid, "ok": True})
+
+    def on_small_push(self, t: int, b: int, layers: tuple[int, int], request_id: str, expires_at: float,
+                      payload: memoryview, lease: Lease | None, checksum: int, algo: ChecksumName,
+                      intact: bool) -> None:
+        if lease is not None:
+            lease.release()
+        raise FrameError("a server sent a PUSH_DATA frame, which only initiators send")
+
     def on_frame(self, f: Frame) -> None:
         t = f.meta["t"] if f.checked else field_int(f.meta, "t")
         p = self.pending.get(t)
@@ -232,34 +256,43 @@ class Client:
             with contextlib.suppress(TransportError):
                 self.conn.send(FrameType.CANCEL, {"t": tid})
 
-    async def push_small(self, request_id: RequestId, block: Block, expires_at: float, progress: Progress,
-                         timeout_s: float, address: Address) -> float:
-        """The small-push fast path: one small-push frame (fixed metadata, no msgpack; header, metadata and
-        payload in one write), one future for the answer, a timer for the deadline; no task, no staging, no
-        wait for budget or buffer space.
+    def send_small(self, request_id: RequestId, block: Block, deadline_ms: float | None,
+                   address: Address) -> Reply | None:
+        """Start a small push (one block of at most ``SMALL_PUSH`` bytes, no gate) in one synchronous step, or
+        return None (nothing done) when the connection or the budget would make it wait: the caller then takes
+        the general path.
 
-        The caller checked that the connection is ready and took ``block``'s bytes from the budget
-        (:meth:`transport.endpoint.ByteBudget.try_acquire`); they go back here. Same frames, answers
-        and failure behaviour as :meth:`push` without a gate: the receiver commits at once and
-        acknowledges; a push given up before its answer sends ``CANCEL``.
+        One call chain from the caller to the socket's write: the deadline, one future (no task, no coroutine
+        of its own), the payload's checksum, header, fixed metadata and payload encoded as one small-push
+        frame and written at once. The receiver answers from its read callback; the answer completes the
+        future (:meth:`on_ack`), and :meth:`finish_small` (or :meth:`abandon_small`) ends the push. Same
+        frames, answers and failure behaviour as :meth:`push` without a gate; a push given up before its
+        answer sends ``CANCEL``. Its deadline is the client's shared sweep, not a timer of its own.
         """
         conn = self.conn
-        assert conn is not None
         n = block.payload.nbytes
-        tid = next(self.ids)
+        if conn is None or not conn.ready or not self.budget.try_acquire(n):
+            return None
+        owner = self.owner
+        clock = owner.clock
+        start = clock.now_ms()
+        timeout_s = max(0.0, clock.to_wall_s(owner.options.default_timeout_ms if deadline_ms is None
+                                             else deadline_ms - start))
         loop = asyncio.get_running_loop()
         due = loop.time() + timeout_s
-        reply = self.pending[tid] = Reply(loop, due, request_id, address)
-        self._watch(loop, due)
-        answered = False
-        t0 = time.perf_counter()
+        tid = next(self.ids)
+        reply = self.pending[tid] = Reply(loop.create_future(), due, tid, request_id, address, n, start,
+                                          time.perf_counter())
+        if due < self._sweep_at:
+            self._watch(loop, due)
         try:
             payload = block.payload
             if block.checksum is not None:
                 algo, checksum = block.checksum_algo, block.checksum
             else:
-                algo = pick(self.owner.options.checksum, n)
+                algo = pick(owner.options.checksum, n)
                 checksum = checksum_of(algo, payload) if n else 0
+            expires_at = time.time() + timeout_s
             try:
                 head = encode_small_push(tid, block.block_id, block.layers, request_id, expires_at, payload, checksum,
                                          algo)
@@ -269,19 +302,37 @@ class Client:
                           block=block, algo=algo)
             else:
                 conn.send_encoded(head, payload)
-            progress.commit_sent = True
-            ftype, meta = await reply.fut
-            answered = progress.answered = True
+        except BaseException:  # nothing was written: no CANCEL, nothing maybe delivered
+            del self.pending[tid]
+            self.budget.release(n)
+            raise
+        return reply
+
+    def finish_small(self, reply: Reply) -> TransferRecord:
+        """End a small push whose future completed: its record, or the error its answer reported."""
+        del self.pending[reply.tid]
+        self.budget.release(reply.nbytes)
+        try:
+            answer = reply.fut.result()
+        except TransportError:  # a lost connection or a missed deadline (maybe delivered): tell the receiver
+            self._cancel(reply.tid)
+            raise
+        if answer is not None:
+            ftype, meta = answer
             if meta.get("ok") is False:
                 raise error_from_wire(str(meta.get("e", "transport")), f"peer {self.location}: {meta.get('m', '')}")
             if ftype != ACK:
                 raise FrameError(f"expected ACK from {self.location}, got {ftype.name}")
-            return time.perf_counter() - t0
-        finally:
-            if not answered:
-                self._cancel(tid)
-            del self.pending[tid]
-            self.budget.release(n)
+        owner = self.owner
+        wall_ms = (time.perf_counter() - reply.t0) * 1000.0
+        return TransferRecord.unshaped(reply.request_id, "push", owner.name, reply.address.site, 1, reply.nbytes,
+                                       reply.started_ms, owner.clock.now_ms() - reply.started_ms, wall_ms)
+
+    def abandon_small(self, reply: Reply) -> None:
+        """A small push whose caller gave up (cancelled) before its answer: CANCEL it, return its budget."""
+        if self.pending.pop(reply.tid, None) is not None:
+            self.budget.release(reply.nbytes)
+            self._cancel(reply.tid)
 
     async def push(self, request_id: RequestId, blocks: Sequence[Block], gate: Gate | None, expires_at: float,
                    progress: Progress) -> float:

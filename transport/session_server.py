@@ -21,6 +21,7 @@ from transport.base import (
     TransportClosed,
     TransportError,
 )
+from transport.checksum import ChecksumName
 from transport.connection import MAX_STAGED_PER_CONNECTION, YIELD_BYTES, Connection
 from transport.frame import (
     PUSH_DATA,
@@ -157,25 +158,47 @@ class Server:
             except FrameError:
                 f.release()
                 raise
-        err: TransportError | None = None
         if i != 0:
-            err = FrameError(f"push block #{i} arrived out of order")
-        elif not f.intact:
+            f.release()
+            self._ack(t, FrameError(f"push block #{i} arrived out of order"))
+            return
+        self._commit_one(t, b, layers, request_id, expires_at, f.payload, f.lease, f.checksum, f.algo, f.intact)
+
+    def on_small_push(self, t: int, b: int, layers: tuple[int, int], request_id: str, expires_at: float,
+                      payload: memoryview, lease: Lease | None, checksum: int, algo: ChecksumName,
+                      intact: bool) -> None:
+        """A small push straight from the decoder (decoded, its fields type-checked, its payload verified:
+        ``intact``), answered and delivered in the read callback that completed it."""
+        if t in self.staged:  # a peer reusing the id of a push being staged: the general path says what is wrong
+            meta = {"t": t, "i": 0, "b": b, "l": list(layers), "r": request_id, "n": 1, "c": True, "x": expires_at}
+            self.on_frame(Frame(PUSH_DATA, meta, payload, lease, checksum, algo, intact, True))
+            return
+        self._commit_one(t, b, layers, request_id, expires_at, payload, lease, checksum, algo, intact)
+
+    def _commit_one(self, t: int, b: int, layers: tuple[int, int], request_id: str, expires_at: float | None,
+                    payload: memoryview, lease: Lease | None, checksum: int, algo: ChecksumName,
+                    intact: bool) -> None:
+        """Check, answer and deliver one whole one-block push (a small push, or a one-block msgpack push)."""
+        err: TransportError | None = None
+        if not intact:
             err = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
         elif self.owner.closed:
             err = TransportClosed("receiver closed")
         elif expires_at is not None and time.time() > expires_at:
             err = TransferTimeout("the commit reached the receiver after the sender's deadline")
         if err is not None:
-            f.release()
+            if lease is not None:
+                lease.release()
             self._ack(t, err)
             return
         conn = self.conn
         if conn.alive:  # the answer (a compact ACK) leaves first: the delivery below is in the same step and
             conn.send_encoded(encode_ack(t))  # cannot fail; a gone peer needs no answer
         self.owner.inbox.deliver(RequestId(request_id),
-                                 (Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo),),
-                                 (f.lease,))
+                                 (Block.decoded(b, payload.toreadonly(), layers, checksum, algo),), (lease,))
+
+    def on_ack(self, tid: int) -> None:
+        raise FrameError("an initiator sent a ACK frame, which only servers send")
 
     def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
         st = self.staged.pop(t, None) or Staged()

@@ -58,6 +58,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._lost = False
         self.pool = pool
         self.handler = make_handler(self)
+        self.decoder.direct = self.handler  # ACKs and small pushes go to the handler inside the read callback
         self.transport: asyncio.Transport | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -94,7 +95,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         except FrameError as e:
             self.fail(e)
             return
-        self._dispatch(frames)
+        if frames or self.decoder.waiting_for_buffer:
+            self._dispatch(frames)
 
     def _dispatch(self, frames: list[Frame]) -> None:
         for i, f in enumerate(frames):
@@ -103,6 +105,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 self._verifier.submit(f.algo, f.payload, f.checksum, functools.partial(self._verdict, f))
             if self._held or not f.verified:
                 self._held.append(f)  # in order behind a frame still being checked
+                self.decoder.direct = None  # and so are the frames after it, until it is checked
             elif not self._handle(f):
                 for rest in frames[i + 1:]:
                     rest.release()
@@ -134,6 +137,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         while self._held and self._held[0].verified:
             if not self._handle(self._held.popleft()):
                 return
+        if not self._held:
+            self.decoder.direct = self.handler
 
     def _drop_held(self) -> None:
         held, self._held = self._held, collections.deque()
