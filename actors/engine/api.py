@@ -55,9 +55,11 @@ class EngineConfig:
     """Real bytes per emulated KV byte in the tiers (the transport's ``kv_payload_scale``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamEvent:
-    """Tokens a step produced for one request, at emulated time ``time_ms``."""
+    """Tokens a step produced for one request, at emulated time ``time_ms``. Treated as immutable but not
+    ``frozen``: a frozen slotted dataclass sets each field through ``object.__setattr__`` (2.0 instead of 0.7 us
+    to build one, and one is built per streamed token)."""
 
     token_ids: tuple[int, ...]
     time_ms: float

@@ -113,6 +113,10 @@ class PriorityQueue:
         return len(self._heap)
 
 
+_NOT_STEPPING = (SeqStatus.FINISHED, SeqStatus.ABORTED, SeqStatus.PAUSED)
+"""A scheduled sequence in one of these states when its step completes gets nothing from it (a tuple: the
+enum members compare by identity in C, a set would call ``Enum.__hash__`` in Python)."""
+
 QUEUES: dict[str, Callable[[], WaitingQueue]] = {"fcfs": FCFSQueue, "priority": PriorityQueue}
 
 
@@ -141,10 +145,12 @@ class ScheduledStep:
         prefills: list[tuple[int, int]] = []
         decodes: list[int] = []
         for seq, n in self.items:
-            if n == 1 and seq.is_decoding:
-                decodes.append(seq.num_computed_tokens + 1)
+            computed = seq.num_computed_tokens
+            out = seq.output_ids
+            if n == 1 and out and computed == len(seq.prompt_ids) + len(out) - 1:  # ``seq.is_decoding``, inlined
+                decodes.append(computed + 1)
             else:
-                prefills.append((n, seq.num_computed_tokens))
+                prefills.append((n, computed))
         return StepShape.of(prefills, decodes)
 
     @property
@@ -152,8 +158,11 @@ class ScheduledStep:
         return sum(n for _, n in self.items)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenOutput:
+    """One token a step emitted for ``seq``. Treated as immutable but not ``frozen``, as ``StreamEvent``: one is
+    built per output token, and a frozen slotted dataclass takes three times as long to build."""
+
     seq: Sequence
     token_id: int
     finish_reason: FinishReason | None
@@ -265,7 +274,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._cap(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = len(seq.prompt_ids) + len(seq.output_ids) - seq.num_computed_tokens  # ``num_tokens``, inlined
+            if n != 1:  # a decode lacks one token, which any budget left (> 0) and any threshold allow
+                n = self._cap(n, budget)
             if n <= 0:
                 i += 1
                 continue
@@ -358,19 +369,25 @@ class Scheduler:
         """Apply a finished step: advance progress, cache full blocks, emit tokens, finish sequences."""
         out: list[TokenOutput] = []
         finished: list[Sequence] = []
+        stats = self.stats
+        cache_full_blocks = self.kv.cache_full_blocks
+        next_token = self.next_token
+        skip = _NOT_STEPPING
         for seq, n in step.items:
-            if seq.done or seq.status is SeqStatus.PAUSED:
+            if seq.status in skip:
                 continue  # aborted or paused (migrating) while the step ran, or (c)'s discarded step
-            was_prefill = seq.num_computed_tokens < seq.num_prompt_tokens
-            seq.num_computed_tokens += n
-            if was_prefill:
-                self.stats.prompt_tokens += min(n, max(0, seq.num_prompt_tokens - (seq.num_computed_tokens - n)))
-            self.kv.cache_full_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
+            before = seq.num_computed_tokens
+            n_prompt = len(seq.prompt_ids)
+            computed = seq.num_computed_tokens = before + n
+            if before < n_prompt:  # a prefill chunk: count the prompt tokens it computed
+                stats.prompt_tokens += min(n, n_prompt - before)
+            cache_full_blocks(seq)
+            outputs = seq.output_ids
+            if computed < n_prompt + len(outputs):
                 continue  # a prefill chunk that is not the last
-            tok = self.next_token(seq)
-            seq.output_ids.append(tok)
-            self.stats.generation_tokens += 1
+            tok = next_token(seq)
+            outputs.append(tok)
+            stats.generation_tokens += 1
             if seq.first_token_ms is None:
                 seq.first_token_ms = end_ms
             seq.prev_token_ms, seq.last_token_ms = seq.last_token_ms, end_ms
