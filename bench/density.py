@@ -232,6 +232,7 @@ def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, An
            "load_generator_waited_for_a_core_s": round(gen1[1] - gen0[1], 2),
            "load_generator_nice": (s.get("load_generator") or {}).get("nice"),
            "load_generator_priority_note": (s.get("load_generator") or {}).get("note"),
+           "load_generator_warm_connections": s.get("warm_connections"),
            "host_load_avg_1m": round(os.getloadavg()[0], 2)}
     print(f"mooncake {seconds:g} s, 8 GPUs, {label} layout: {row}", flush=True)
     return row

@@ -9,6 +9,20 @@ deadline, then yielding to the loop until it passes), takes the ready body and s
 task. Deadlines are absolute, so one late wake-up never delays the next, and the send never waits for
 earlier answers: a slow server sees the trace's load regardless.
 
+Bursts. Requests already due when the dispatcher reaches them (the rest of a burst sharing one timestamp) are
+started without yielding to the loop in between, so the whole burst's sends run in the next loop pass, one
+after the other, each up to its first wait (connection, headers and body written); the dispatcher yields once
+before it builds bodies for, or sleeps to, a later deadline. Yielding after each send instead put a full loop
+pass (every open stream's pending reads) between two sends of a burst: ~1.3 ms per send on the Mooncake slice,
+so the 16th of a 16-request burst went out ~20 ms late. Before the origin, ``warm.py`` opens as many keep-alive
+connections as the schedule can hold at once (``ReplayConfig.warm_connections``), so a burst's sends do not
+each connect first.
+
+Send lag is ``RequestRecord.send_lag_wall_ms``: the ``time.monotonic()`` taken as ``CompletionClient.send``
+begins (before aiohttp builds the request, takes a connection and writes; the instant TTFT is measured from,
+as vLLM's benchmark client stamps it) minus the request's wall deadline. A send's own set-up and write are
+therefore outside its lag and inside the next one's of the same burst.
+
 The heap is frozen for the run (``frozen_heap``: ``gc.freeze`` after one full collection, undone after): the
 generator's process holds ~100k long-lived objects (the trace, Ray's and aiohttp's modules), and a full
 collection over them stalled the loop ~47 ms now and then, late sends and late chunk timestamps alike; frozen,
@@ -49,6 +63,7 @@ from cluster.loadtest.record import RequestRecord
 from cluster.loadtest.scrape import DepthSample, MetricsText, TargetProbe
 from cluster.loadtest.spec import RequestSpec
 from cluster.loadtest.synthesis import PromptSynthesizer
+from cluster.loadtest.warm import open_warm, warm_count
 
 START_LEAD_S = 0.05
 """Wall seconds between taking the origin and the first deadline, so set-up never makes it late."""
@@ -74,6 +89,10 @@ class ReplayConfig:
     """Niceness of the replay's thread for the run (``priority.py``): the engines' (``ClusterSpec.engine_nice``)
     so neither waits behind the other on a shared host; None leaves it as it is. Where the host refuses (no root
     or CAP_SYS_NICE) the thread keeps its niceness and the summary says so."""
+    warm_connections: int | None = None
+    """Open loop: keep-alive connections to the target opened before the origin (``warm.py``). None: as many
+    as the schedule holds at once (``warm_count``: requests due within any ``WARM_WINDOW_S`` wall seconds,
+    at most ``WARM_CAP``); 0: none (each send connects when the pool has no idle connection)."""
     on_origin: Callable[[float], None] | None = field(default=None, compare=False)
     """Told the run's origin (``time.monotonic()`` of emulated time 0) once it is fixed, before the first
     send: how a fault schedule replays on the same timeline as the requests."""
@@ -85,6 +104,8 @@ class ReplayConfig:
             raise ValueError(f"concurrency must be at least 1 (got {self.concurrency})")
         if self.prebuild_bytes < 0:
             raise ValueError(f"prebuild_bytes must be >= 0 (got {self.prebuild_bytes})")
+        if self.warm_connections is not None and self.warm_connections < 0:
+            raise ValueError(f"warm_connections must be >= 0 (got {self.warm_connections})")
         if self.generator_nice is not None and not -20 <= self.generator_nice <= 19:
             raise ValueError(f"generator_nice is a niceness, between -20 and 19 (got {self.generator_nice})")
 
@@ -114,6 +135,8 @@ class ReplayResult:
     """Worker name -> the process hosting it, when the router says (``GET /workers``' ``process``)."""
     priority: NiceClaim | None = None
     """The niceness the replay's thread asked for and ran at (``ReplayConfig.generator_nice``)."""
+    warm_connections: tuple[int, int] = (0, 0)
+    """Keep-alive connections to the target (asked for, opened) before the origin (``warm.py``)."""
 
 
 OnDone = Callable[[RequestRecord], None]
@@ -162,9 +185,14 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
         target_before, before_workers = await probe.snapshot()
         before = probe.combined(target_before, before_workers)
     bodies: Prebuilder | None = None
+    warm = (0, 0)
     if config.concurrency is None:
         bodies = Prebuilder(client.prepare, specs, config.prebuild_bytes)
         await bodies.fill()  # before the origin: the first bodies cost the schedule nothing
+        wanted = config.warm_connections
+        if wanted is None:
+            wanted = warm_count([s.arrival_ms / config.speed / 1000.0 * client_config.time_scale for s in specs])
+        warm = (wanted, await open_warm(session, base_url, wanted))
 
     origin = time.monotonic() + START_LEAD_S
     client.origin = origin
@@ -205,7 +233,7 @@ async def _replay(base_url: str, specs: Sequence[RequestSpec], config: ReplayCon
     return ReplayResult(records=records, duration_s=max(1e-9, (end - origin) / client_config.time_scale),
                         wall_s=end - origin, model=model, before=before, after=after, depth=probe.samples,
                         workers=probe.workers, scrape_errors=probe.errors, before_workers=before_workers,
-                        after_workers=after_workers, processes=dict(probe.processes))
+                        after_workers=after_workers, processes=dict(probe.processes), warm_connections=warm)
 
 
 async def _watch_stalls(client: CompletionClient, probe: TargetProbe, grace_s: float) -> None:
@@ -231,12 +259,16 @@ async def _open_loop(client: CompletionClient, clock: Clock, specs: Sequence[Req
         for spec in specs:
             due = spec.arrival_ms / speed
             deadline = clock.wall_of(due)
-            await bodies.fill(before=deadline)
-            await clock.sleep_until(due)
+            if clock.now_ms() < due:
+                # Not due yet: the sends started so far go out first (one loop pass), then bodies are built
+                # ahead while there is time, then the wait. A request already due (the rest of a burst that
+                # shares a timestamp) skips all three, so a whole burst is started in one pass.
+                await asyncio.sleep(0)
+                await bodies.fill(before=deadline)
+                await clock.sleep_until(due)
             task = asyncio.create_task(one(bodies.take(), deadline))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            await asyncio.sleep(0)  # let the send start now, before the next one
         while tasks:
             await asyncio.gather(*list(tasks))
     finally:

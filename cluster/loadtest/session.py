@@ -167,6 +167,10 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
     cached_tokens = sum(r.cached_tokens or 0 for r in result.records if r.cached_tokens is not None)
     if result.scrape_errors:
         notes.append(f"{result.scrape_errors} /metrics scrape(s) failed")
+    asked, opened = result.warm_connections
+    if opened < asked:
+        notes.append(f"only {opened} of {asked} keep-alive connections opened before the run (GET /v1/models "
+                     f"failed); the rest of a burst's sends connect first")
     return {
         "name": name, "target": base_url, "model": result.model, "trace": trace.source, "format": trace.format,
         "block_size": trace.block_size, "malformed_lines": trace.malformed_count,
@@ -184,6 +188,7 @@ def build_summary(name: str, base_url: str, trace: TraceData, specs: Sequence[Re
         "suggested_time_scale": suggested,
         "send_lag_wall_ms": send_lag,
         "load_generator": result.priority.to_json() if result.priority is not None else None,
+        "warm_connections": {"asked": asked, "opened": opened},
         "kv_transfer_real_bottleneck": slow,
         "workers": [w for w, _ in result.workers],
         "trustworthy": trustworthy,

@@ -134,6 +134,7 @@ def test_requests_the_server_rejects_are_counted_not_lost(cluster: ClusterHandle
     trace = TraceData(source="inline", format="mooncake", requests=specs, block_size=16)
     s = run_sync(run_loadtest(cluster.router_url, trace, quiet(), out_root=None)).summary
     assert (s["completed"], s["failed"], s["failures"]) == (1, 1, {"http_error": 1})
+    assert s["warm_connections"] == {"asked": 2, "opened": 2}  # both due within WARM_WINDOW_S: two warmed
 
 
 def test_replay_slice_prints_the_summary(cluster: ClusterHandle, tmp_path: Path,
