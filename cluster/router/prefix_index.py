@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NewType
 
 from actors.engine.tiers.base import MEDIUM_GPU
@@ -43,16 +43,22 @@ Ticket = NewType("Ticket", int)
 class InflightPrefixes:
     """Provisional (worker, block) entries of routed attempts, until KV events confirm them.
 
-    Invariants: ``_entries[(w, h)]`` is the set of live tickets that sent block ``h`` to ``w`` and is never
-    empty; a ticket is live until it is dropped (failure), expires (``ttl_ms`` after it was recorded, on the
-    clock the caller passes) or its worker leaves. ``confirm`` removes entries (the real index holds them
-    now) but leaves the tickets, which forget them when they go. Nothing here is ever a hard fact: a block
-    the engine evicted before storing it would be a wrong provisional hit for at most ``ttl_ms``.
+    Invariants: ``_entries[w][h]`` names the live tickets that sent block ``h`` to ``w`` (never none); a ticket
+    is live until it is dropped (failure), expires (``ttl_ms`` after it was recorded, on the clock the caller
+    passes) or its worker leaves. ``confirm`` removes entries (the real index holds them now) but leaves the
+    tickets, which forget them when they go. Nothing here is ever a hard fact: a block the engine evicted
+    before storing it would be a wrong provisional hit for at most ``ttl_ms``.
+
+    Layout, for the cyclic garbage collector: one dict per worker, by block hash, whose value is the one
+    ticket (an int) or, for a block that more than one live ticket sent there, a set of them. A new prefix's
+    miss records ~140 blocks; as ``(worker, h)`` keys and a set per block, those were ~140 objects the collector
+    tracks per miss (in ``bench/router_miss``'s router, nearly every object it tracked: a young collection
+    every ~2.5 misses and an older one every ~25, each on the router's loop); ints in a dict add none.
     """
 
     def __init__(self, ttl_ms: float = 30_000.0) -> None:
         self.ttl_ms = ttl_ms
-        self._entries: dict[tuple[WorkerId, int], set[Ticket]] = {}
+        self._entries: dict[WorkerId, dict[int, int | set[int]]] = {}
         self._tickets: dict[Ticket, tuple[WorkerId, tuple[int, ...]]] = {}
         self._expiry: list[tuple[float, Ticket]] = []
         self._ids = itertools.count(1)
@@ -64,11 +70,16 @@ class InflightPrefixes:
         t = Ticket(next(self._ids))
         self._tickets[t] = (worker, tuple(hashes))
         heapq.heappush(self._expiry, (now_ms + self.ttl_ms, t))
-        entries = self._entries
-        for h in hashes:  # (not ``setdefault(key, set())``: a set made and dropped per block held already)
-            live = entries.get((worker, h))
+        entries = self._entries.get(worker)
+        if entries is None:
+            entries = self._entries[worker] = {}
+        for h in hashes:
+            live = entries.get(h)
             if live is None:
-                entries[(worker, h)] = {t}
+                entries[h] = t
+            elif isinstance(live, int):
+                if live != t:
+                    entries[h] = {live, t}
             else:
                 live.add(t)
         return t
@@ -81,12 +92,22 @@ class InflightPrefixes:
         if item is None:
             return
         worker, hashes = item
+        entries = self._entries.get(worker)
+        if entries is None:
+            return
         for h in hashes:
-            live = self._entries.get((worker, h))
-            if live is not None:
-                live.discard(ticket)
-                if not live:
-                    del self._entries[(worker, h)]
+            live = entries.get(h)
+            if live is None:
+                continue
+            if isinstance(live, int):
+                if live == ticket:
+                    del entries[h]
+                continue
+            live.discard(ticket)
+            if len(live) == 1:
+                entries[h] = next(iter(live))
+            elif not live:
+                del entries[h]
 
     def expire(self, now_ms: float) -> None:
         while self._expiry and self._expiry[0][0] <= now_ms:
@@ -97,31 +118,44 @@ class InflightPrefixes:
 
     def confirm(self, worker: WorkerId, hashes: Iterable[int]) -> None:
         """KV events say ``worker`` stored these blocks: the real index answers for them from now on."""
+        entries = self._entries.get(worker)
+        if not entries:
+            return
         for h in hashes:
-            if self._entries.pop((worker, h), None) is not None:
+            if entries.pop(h, None) is not None:
                 self.confirmed += 1
 
     def drop_worker(self, worker: WorkerId) -> None:
         for t in [t for t, (w, _) in self._tickets.items() if w == worker]:
             self.drop(t)
+        self._entries.pop(worker, None)
 
     def holds(self, worker: WorkerId, h: int) -> bool:
-        return (worker, h) in self._entries
+        entries = self._entries.get(worker)
+        return entries is not None and h in entries
+
+    def of(self, worker: WorkerId) -> Mapping[int, object]:
+        """The blocks provisionally on ``worker`` (by hash; read-only)."""
+        return self._entries.get(worker) or _NONE
 
     def overlap(self, hashes: Sequence[int], workers: Iterable[WorkerId], now_ms: float) -> dict[WorkerId, int]:
         self.expire(now_ms)
         out: dict[WorkerId, int] = {}
         for w in workers:
+            entries = self.of(w)
             n = 0
             for h in hashes:
-                if (w, h) not in self._entries:
+                if h not in entries:
                     break
                 n += 1
             out[w] = n
         return out
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(map(len, self._entries.values()))
+
+
+_NONE: Mapping[int, object] = {}
 
 
 class PrefixIndex:
@@ -129,7 +163,10 @@ class PrefixIndex:
         self.max_pending = max_pending
         self.inflight = inflight
         """Provisional entries this index reconciles as events arrive (``None``: none kept)."""
-        self._holders: dict[int, set[WorkerId]] = {}
+        self._holders: dict[int, WorkerId | set[WorkerId]] = {}
+        """By block hash: the one worker that holds it, or a set of them when more than one does (most blocks have
+        one home; a set per block was an object per indexed block for the cyclic collector to scan, a name is
+        none)."""
         self._blocks: dict[WorkerId, set[int]] = {}
         self._seq: dict[WorkerId, int] = {}
         self._pending: dict[WorkerId, dict[int, list[list[Any]]]] = {}
@@ -147,7 +184,7 @@ class PrefixIndex:
         blocks = set(hashes)
         self._blocks[worker] = blocks
         for h in blocks:
-            self._holders.setdefault(h, set()).add(worker)
+            self._hold(h, worker)
         self._seq[worker] = seq
         self._pending[worker] = {}
         self.needs_resync.discard(worker)
@@ -187,28 +224,44 @@ class PrefixIndex:
             elif kind == "stored":
                 for h in ev[1]:
                     blocks.add(h)
-                    self._holders.setdefault(h, set()).add(worker)
+                    self._hold(h, worker)
                 if self.inflight is not None:
                     self.inflight.confirm(worker, ev[1])
             elif kind == "removed":
                 for h in ev[1]:
                     blocks.discard(h)
-                    holders = self._holders.get(h)
-                    if holders is not None:
-                        holders.discard(worker)
-                        if not holders:
-                            del self._holders[h]
+                    self._unhold(h, worker)
             elif kind == "cleared":
                 self._forget(worker)
                 self._blocks[worker] = set()
 
+    def _hold(self, h: int, worker: WorkerId) -> None:
+        holders = self._holders.get(h)
+        if holders is None:
+            self._holders[h] = worker
+        elif isinstance(holders, str):
+            if holders != worker:
+                self._holders[h] = {holders, worker}
+        else:
+            holders.add(worker)
+
+    def _unhold(self, h: int, worker: WorkerId) -> None:
+        holders = self._holders.get(h)
+        if holders is None:
+            return
+        if isinstance(holders, str):
+            if holders == worker:
+                del self._holders[h]
+            return
+        holders.discard(worker)
+        if len(holders) == 1:
+            self._holders[h] = next(iter(holders))
+        elif not holders:
+            del self._holders[h]
+
     def _forget(self, worker: WorkerId) -> None:
         for h in self._blocks.pop(worker, ()):
-            holders = self._holders.get(h)
-            if holders is not None:
-                holders.discard(worker)
-                if not holders:
-                    del self._holders[h]
+            self._unhold(h, worker)
 
     def drop_worker(self, worker: WorkerId) -> None:
         self._forget(worker)
@@ -240,8 +293,15 @@ class PrefixIndex:
         alive = set(out)
         for depth, h in enumerate(hashes):
             holders = self._holders.get(h)
-            if not holders:
+            if holders is None:
                 break
+            if isinstance(holders, str):  # one worker holds it (most blocks): it alone may go deeper
+                if holders not in alive:
+                    break
+                if len(alive) > 1:
+                    alive = {holders}
+                out[holders] = depth + 1
+                continue
             alive &= holders
             if not alive:
                 break
@@ -255,15 +315,16 @@ class PrefixIndex:
         mostly the events': their depth comes from the set walk, not from a check per worker and block)."""
         inflight.expire(now_ms)
         out = self.overlap(hashes, workers)
-        entries = inflight._entries
         holders_of = self._holders
         n = len(hashes)
         for w in workers:
             d = out[w]
+            entries = inflight.of(w)
             while d < n:
                 h = hashes[d]
                 holders = holders_of.get(h)
-                if not ((holders is not None and w in holders) or (w, h) in entries):
+                if not ((holders is not None and (holders == w if isinstance(holders, str) else w in holders))
+                        or h in entries):
                     break
                 d += 1
             out[w] = d
@@ -275,7 +336,7 @@ class PrefixIndex:
         d = 0
         for h in hashes:
             holders = holders_of.get(h)
-            if holders is None or worker not in holders:
+            if holders is None or (holders != worker if isinstance(holders, str) else worker not in holders):
                 break
             d += 1
         return d

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cluster.router.choice import Chooser, RoutedRequest
 from cluster.router.policies import make_policy
 from cluster.router.prefix_index import InflightPrefixes, PrefixIndex
@@ -118,3 +121,62 @@ def test_a_failed_attempt_takes_its_provisional_prefix_away() -> None:
     first.prefilling_blocks = 0
     _, ctx2 = _route(ch, [*shared, 2])
     assert all(v == 0 for v in ctx2.overlap.values())
+
+
+class _Reference:
+    """The tracker's contract as plain sets: (worker, block) -> live tickets that sent it."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[WorkerId, int], set[int]] = {}
+        self.tickets: dict[int, tuple[WorkerId, list[int], float]] = {}
+
+    def record(self, t: int, w: WorkerId, hs: list[int], expires: float) -> None:
+        self.tickets[t] = (w, hs, expires)
+        for h in hs:
+            self.entries.setdefault((w, h), set()).add(t)
+
+    def drop(self, t: int) -> None:
+        w, hs, _ = self.tickets.pop(t, (A, [], 0.0))
+        for h in hs:
+            live = self.entries.get((w, h))
+            if live is not None:
+                live.discard(t)
+                if not live:
+                    del self.entries[(w, h)]
+
+    def expire(self, now: float) -> None:
+        for t in [t for t, (_, _, e) in self.tickets.items() if e <= now]:
+            self.drop(t)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["record", "drop", "confirm", "leave", "look"]), st.sampled_from([A, B]),
+                          st.lists(st.integers(0, 6), max_size=5), st.integers(0, 400)), max_size=40))
+def test_the_tracker_answers_as_plain_sets_of_tickets_would(ops: list[tuple[str, WorkerId, list[int], int]]) -> None:
+    inflight, ref = InflightPrefixes(ttl_ms=1000.0), _Reference()
+    tickets: list[int] = []
+    now = 0.0
+    for op, w, hs, k in ops:
+        now += k
+        ref.expire(now)
+        if op == "record":
+            t = inflight.record(w, hs, now)
+            ref.record(t, w, hs, now + 1000.0)
+            tickets.append(t)
+        elif op == "drop" and tickets:
+            gone = tickets[k % len(tickets)]
+            inflight.drop(gone)
+            ref.drop(gone)
+        elif op == "confirm":
+            inflight.confirm(w, hs)
+            for h in hs:
+                ref.entries.pop((w, h), None)
+        elif op == "leave":
+            inflight.drop_worker(w)
+            for left in [x for x, (tw, _, _) in ref.tickets.items() if tw == w]:
+                ref.drop(left)
+        probe = list(range(7))
+        want = {x: next((i for i, h in enumerate(probe) if (x, h) not in ref.entries), len(probe)) for x in (A, B)}
+        assert inflight.overlap(probe, [A, B], now) == want
+        assert len(inflight) == len(ref.entries)
+        assert all(inflight.holds(x, h) == ((x, h) in ref.entries) for x in (A, B) for h in probe)

@@ -91,3 +91,36 @@ def test_approximate_index_forgets_after_its_ttl() -> None:
     assert idx.overlap([1, 2], [A], now_ms=150) == {A: 0}
     idx.expire(150)
     assert not idx._seen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["stored", "removed", "snapshot", "cleared", "leave"]),
+                          st.sampled_from(["a", "b", "c"]), st.lists(st.integers(0, 5), max_size=6)), max_size=40),
+       st.lists(st.integers(0, 5), max_size=6))
+def test_overlaps_are_those_of_each_workers_own_block_set(ops: list[tuple[str, str, list[int]]],
+                                                          probe: list[int]) -> None:
+    # Blocks held by one worker, by several, by none, as events come and go: every answer is the one each
+    # worker's own set of blocks gives (the index keeps a block's holders as one name or a set).
+    idx, truth = PrefixIndex(), {w: set[int]() for w in "abc"}
+    for w in "abc":
+        idx.apply_snapshot(WorkerId(w), 0, [])
+    for op, w, hs in ops:
+        worker = WorkerId(w)
+        if op == "snapshot":
+            idx.apply_snapshot(worker, idx.last_seq(worker) or 0, hs)
+            truth[w] = set(hs)
+        elif op == "leave":
+            idx.drop_worker(worker)
+            idx.apply_snapshot(worker, 0, [])
+            truth[w] = set()
+        else:
+            assert idx.apply(worker, (idx.last_seq(worker) or 0) + 1, [[op, hs, None] if op != "cleared" else [op]])
+            truth[w] = truth[w] | set(hs) if op == "stored" else truth[w] - set(hs) if op == "removed" else set()
+        workers = [WorkerId(x) for x in "abc"]
+
+        def depth(x: str) -> int:
+            return next((i for i, h in enumerate(probe) if h not in truth[x]), len(probe))
+        assert idx.overlap(probe, workers) == {WorkerId(x): depth(x) for x in "abc"}
+        assert all(idx.held_depth(WorkerId(x), probe) == depth(x) for x in "abc")
+        assert all(idx.hashes_of(WorkerId(x)) == truth[x] for x in "abc")
+        assert idx.size() == len(set().union(*truth.values()))
