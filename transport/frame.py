@@ -180,7 +180,6 @@ _ACK_PREFIX = _PREFIX.pack(MAGIC, VERSION, FrameType.ACK, ALGO_IDS["xxh3"], COMP
 _ACK_TAIL = struct.Struct("<QI")
 """A compact ACK's last 12 bytes: the transfer id and the header CRC."""
 
-
 _ACK_PREFIX_CRC = zlib.crc32(_ACK_PREFIX)
 _U64 = struct.Struct("<Q")
 
@@ -214,7 +213,6 @@ def encode_bytes(ftype: FrameType, meta: dict[str, Any], payload: Any = None, *,
 
 class Direct(Protocol):
     """Takes a compact ACK or a small push straight from the decoder (``FrameDecoder.direct``): no Frame, no map."""
-
     def on_ack(self, tid: int) -> None: ...
 
     def on_small_push(self, t: int, b: int, layers: tuple[int, int], request_id: str, expires_at: float,
@@ -223,12 +221,10 @@ class Direct(Protocol):
 
 
 class FrameDecoder:
-    """Incremental frame decoder over a pool (see the module docstring for its failure behaviour).
-
-    With ``direct`` set, a compact ACK or a small push that is the first frame completed by a read goes to it
-    in the same call chain, decoded and verified (``intact``), instead of into the returned list: the small-push
-    round trip's synchronous path. A frame behind others in the list goes into the list too (order is kept).
-    """
+    """Incremental frame decoder over a pool (see the module docstring for its failure behaviour). With ``direct``
+    set, a compact ACK or a small push that is the first frame a read completes goes to it, decoded and verified
+    (``intact``), instead of into the returned list (the small push's synchronous path); one behind others in the
+    list goes into the list too, so order is kept."""
 
     _HEAD, _META, _PAYLOAD, _WAIT = range(4)
 
@@ -455,7 +451,7 @@ class FrameDecoder:
         view = self._stage_view
         if zlib.crc32(view[r + HEADER_SIZE:body], zlib.crc32(view[r:r + 28])) != crc:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
-        meta = _small_meta(view[r + HEADER_SIZE:body])
+        t, b, start, stop, x, rid = _small_fields(view[r + HEADER_SIZE:body])
         name = ALGO_NAMES[algo]
         lease = None
         payload = _EMPTY
@@ -468,10 +464,9 @@ class FrameDecoder:
         self._r = body + n
         intact = not n or checksum_of(name, payload) == psum
         if self.direct is not None and not out:
-            l0, l1 = meta["l"]
-            self.direct.on_small_push(meta["t"], meta["b"], (l0, l1), meta["r"], meta["x"], payload, lease,
-                                      psum if n else 0, name, intact)
+            self.direct.on_small_push(t, b, (start, stop), rid, x, payload, lease, psum if n else 0, name, intact)
         else:
+            meta = {"t": t, "i": 0, "b": b, "l": [start, stop], "r": rid, "n": 1, "c": True, "x": x}
             out.append(Frame(PUSH_DATA, meta, payload, lease, psum if n else 0, name, intact, True))
         return True
 
@@ -538,6 +533,12 @@ _FLAG_USE = {COMPACT: " (compact is for an ACK without metadata or payload)",
 
 def _small_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
     """A small push's fixed metadata as the map a msgpack PUSH_DATA of one block carries (types checked)."""
+    t, b, start, stop, x, r = _small_fields(meta_b)
+    return {"t": t, "i": 0, "b": b, "l": [start, stop], "r": r, "n": 1, "c": True, "x": x}
+
+
+def _small_fields(meta_b: bytes | memoryview) -> tuple[int, int, int, int, float, str]:
+    """A small push's fixed metadata, checked: t, b, layer start, layer stop, x, r."""
     t, b, start, stop, x, negative = _SMALL_META.unpack_from(meta_b)
     if start >= stop:
         raise FrameError(f"small push layer range [{start}, {stop}] is empty")
@@ -549,7 +550,7 @@ def _small_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
         r = str(meta_b[SMALL_META_SIZE:], "utf-8")
     except UnicodeDecodeError as e:
         raise FrameError("small push request id is not UTF-8") from e
-    return {"t": t, "i": 0, "b": b, "l": [start, stop], "r": r, "n": 1, "c": True, "x": x}
+    return t, b, start, stop, x, r
 
 
 def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
