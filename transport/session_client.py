@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from xxhash import xxh3_64_intdigest
+
 from transport.base import (
     Address,
     Block,
@@ -291,7 +293,7 @@ class Client:
                 algo, checksum = block.checksum_algo, block.checksum
             else:
                 algo = pick(owner.options.checksum, n)
-                checksum = checksum_of(algo, payload) if n else 0
+                checksum = (xxh3_64_intdigest(payload) if algo == "xxh3" else checksum_of(algo, payload)) if n else 0
             expires_at = time.time() + timeout_s
             try:
                 head = encode_small_push(tid, block.block_id, block.layers, request_id, expires_at, payload, checksum,
