@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes, moe_work
 from config.catalog import PRESETS_DIR, Catalog
-from config.hardware import COMPUTE_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
+from config.hardware import COMPUTE_KNOTS, DEPTH_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OP_DATA = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / "data"
@@ -74,6 +74,11 @@ FP8_GEMM_BF16_BOUND: dict[str, str] = {
 shapes. An fp8 GEMM moves half the bytes at twice the tensor rate, and a deployment does not serve fp8 where it
 loses to bf16: both fits stay on their own tables, and the fitted ``Efficiency`` says
 ``gemm_fp8_bf16_bound``, so the cost model takes the faster of the two per GEMM."""
+GEMM_DEPTH_TABLES: dict[tuple[str, str], str] = {
+    ("l40s-48g", "gemm"): "median 11.5% -> 9.5%: the size/width fit over-predicts k <= 128 by 1.17-1.30x",
+}
+"""(GPU, GEMM family) -> why: tables fitted with a depth curve (``OpFit.depth``). On the others it gains < 1 point
+(0.0-0.8) and moved validate --quick (70B fp8 H100 TTFT 9.4 -> 11.0%): they keep the size/width fit."""
 SEED = 12
 FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
                    "moe_fp8")
@@ -96,6 +101,8 @@ class OpSamples:
     """Parallel width per row (``PARALLEL_KNOTS``); None: the family has no width curve."""
     l2_resident: np.ndarray | None = None
     """Rows whose replayed operand fits in the GPU's L2 (``OpFit.l2_gain``); None: none is."""
+    depth: np.ndarray | None = None
+    """A GEMM's reduction depth k per row (``DEPTH_KNOTS``); None: the family has no depth curve."""
 
     def __len__(self) -> int:
         return len(self.measured_ms)
@@ -105,7 +112,8 @@ class OpSamples:
         return OpSamples(self.family, self.source, self.flops[idx], self.nbytes[idx], self.size[idx],
                          self.measured_ms[idx], self.flops_per_ms, self.bytes_per_ms,
                          None if self.width is None else self.width[idx],
-                         None if self.l2_resident is None else self.l2_resident[idx])
+                         None if self.l2_resident is None else self.l2_resident[idx],
+                         None if self.depth is None else self.depth[idx])
 
 
 def _latest(folder: Path) -> Path | None:
@@ -135,7 +143,8 @@ def _where(t: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
 
 def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, size: np.ndarray,
              t: dict[str, np.ndarray], flops_per_ms: float, bytes_per_ms: float,
-             width: np.ndarray | None = None, l2_resident: np.ndarray | None = None) -> OpSamples | None:
+             width: np.ndarray | None = None, l2_resident: np.ndarray | None = None,
+             depth: np.ndarray | None = None) -> OpSamples | None:
     lat = t["latency"].astype(float)
     # A row faster than the datasheet allows (FLOPs above the tensor peak, or bytes above twice the
     # bandwidth, an L2-resident operand's most) measured something else: it is left out and counted.
@@ -148,7 +157,8 @@ def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, si
         source = f"{source} ({dropped} rows above the datasheet's peak left out)"
     return OpSamples(family, source, flops[ok].astype(float), nbytes[ok].astype(float), size[ok].astype(float),
                      lat[ok], flops_per_ms, bytes_per_ms, None if width is None else width[ok].astype(float),
-                     None if l2_resident is None else l2_resident[ok])
+                     None if l2_resident is None else l2_resident[ok],
+                     None if depth is None else depth[ok].astype(float))
 
 
 def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
@@ -160,7 +170,8 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
     m, n, k = (t[c].astype(float) for c in ("m", "n", "k"))
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
-                    m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n)
+                    m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n,
+                    depth=k if (hw.name, family) in GEMM_DEPTH_TABLES else None)
 
 
 def _gemm_times(gpu_dir: Path, min_nk: int = 0) -> dict[str, dict[tuple[int, int, int], float]]:
@@ -249,8 +260,7 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     work = np.array([moe_work(float(nt), int(hd), int(it), int(k), int(e), int(tp), int(ep), wb)
                      for nt, hd, it, k, e, tp, ep in rows]).reshape(-1, 4)
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
-                    t,
-                    peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
+                    t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
 
 
 def _allreduce(root: Path, hw: HardwareProfile) -> dict[int, OpSamples]:
@@ -302,8 +312,7 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
 
 
 def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
-    """Every op family's samples for ``hw`` from its table folder (families without a table are absent);
-    """
+    """Every op family's samples for ``hw`` from its table folder (families without a table are absent)."""
     loaders: dict[str, Callable[[], OpSamples | None]] = {
         "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm"),
         "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8"),
@@ -332,6 +341,9 @@ NC, NM, NP = len(COMPUTE_KNOTS), len(MEMORY_KNOTS), len(PARALLEL_KNOTS)
 MAX_COMPUTE_STEP = float(np.log(1.5))
 MAX_MEMORY_STEP = float(np.log(2.05))
 MAX_PARALLEL_STEP = float(np.log(1.3))
+# The depth factor d(k) never grows with k (log-steps >= 0 towards shallower k), at most 1.5x per knot (2 log2 units).
+MAX_DEPTH_STEP = float(np.log(1.5))
+ND = len(DEPTH_KNOTS)
 
 
 @dataclass(frozen=True)
@@ -342,13 +354,15 @@ class _Layout:
     parallel: bool
     l2: bool = False
     """The samples have L2-resident rows: one more parameter, log ``l2_gain``, last."""
+    depth: bool = False
+    """The samples have a GEMM's k: a depth curve (``ND`` log-steps, the deepest knot's a dummy) after memory."""
 
     def split(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         i = 2
         comp = np.clip(np.exp(np.cumsum(theta[i:i + NC])), 1e-4, 1.0) if self.compute else np.zeros(0)
         i += NC if self.compute else 0
         mem = np.clip(np.exp(np.cumsum(theta[i:i + NM])), 1e-4, 2.0)
-        i += NM
+        i += NM + (ND if self.depth else 0)
         # The parallel factor is normalised to 1 at its widest knot (it only says how much less a narrow op gets).
         par = np.exp(np.cumsum(theta[i:i + NP]) - np.sum(theta[i + 1:i + NP])) if self.parallel else np.zeros(0)
         return comp, mem, np.clip(par, 1e-4, 1.0) if self.parallel else par
@@ -360,9 +374,14 @@ class _Layout:
     def l2_gain(self, theta: np.ndarray) -> float:
         return float(np.exp(theta[-1])) if self.l2 else 1.0
 
+    def depth_curve(self, theta: np.ndarray) -> np.ndarray:
+        """d(k) at ``DEPTH_KNOTS``, 1 at the deepest; step j is log d(knot j-1) / d(knot j), step 0 pinned to 0."""
+        steps = theta[self.curves_end:self.curves_end + ND] if self.depth else np.zeros(0)
+        return np.clip(np.exp(np.cumsum(steps[::-1])[::-1] - steps), 1.0, 16.0)
+
     @property
     def curves_end(self) -> int:
-        """Index after latency, sharpness, the compute and the memory curve (where the parallel curve goes)."""
+        """Index after latency, sharpness, the compute and the memory curve (where depth and parallel go)."""
         return 2 + (NC if self.compute else 0) + NM
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -374,6 +393,10 @@ class _Layout:
         lo += [np.log(1e-4)] + [-3.0] * (NM - 1)
         hi += [np.log(2.0)] + [MAX_MEMORY_STEP] * (NM - 1)
         x0 += [np.log(0.01)] + [0.5] * (NM - 1)
+        if self.depth:
+            lo += [0.0] * ND
+            hi += [1e-9] + [MAX_DEPTH_STEP] * (ND - 1)
+            x0 += [0.0] * ND
         if self.parallel:
             lo += [0.0] + [0.0] * (NP - 1)  # the first value is the normalisation's dummy; factors only grow
             hi += [1e-9] + [MAX_PARALLEL_STEP] * (NP - 1)
@@ -391,10 +414,13 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
     fixed = theta[0] / 1e3 + (lay.unit_ns(theta) * s.width / 1e6 if lay.parallel and s.width is not None else 0.0)
     bw = s.bytes_per_ms * (np.where(s.l2_resident, lay.l2_gain(theta), 1.0)
                            if lay.l2 and s.l2_resident is not None else 1.0)
-    m = s.nbytes / (bw * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff)
+    d_eff = np.interp(np.log2(np.maximum(s.depth, 1.0)), DEPTH_KNOTS, lay.depth_curve(theta)) \
+        if lay.depth and s.depth is not None else 1.0
+    m = s.nbytes / (bw * np.interp(np.log2(np.maximum(s.nbytes, 1.0)), MEMORY_KNOTS, mem) * p_eff * d_eff)
     if not lay.compute:
         return fixed + m
-    c = s.flops / (s.flops_per_ms * np.interp(np.log2(np.maximum(s.size, 1.0)), COMPUTE_KNOTS, comp) * p_eff)
+    c_eff = np.minimum(1.0, np.interp(np.log2(np.maximum(s.size, 1.0)), COMPUTE_KNOTS, comp) * d_eff)
+    c = s.flops / (s.flops_per_ms * c_eff * p_eff)
     top = np.maximum(c, m)
     p = theta[1]
     return fixed + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)
@@ -403,25 +429,27 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
 def fit_op(s: OpSamples) -> OpFit:
     """One family's ``OpFit`` on its samples (seeded subsample of at most ``MAX_FIT_ROWS``)."""
     lay = _Layout(compute=bool(np.any(s.flops > 0)), parallel=s.width is not None,
-                  l2=s.l2_resident is not None and bool(np.any(s.l2_resident)))
+                  l2=s.l2_resident is not None and bool(np.any(s.l2_resident)), depth=s.depth is not None)
     rng = np.random.default_rng(SEED)
     idx = rng.choice(len(s), MAX_FIT_ROWS, replace=False) if len(s) > MAX_FIT_ROWS else np.arange(len(s))
     sub = s.take(idx)
-    # Two stages: without the parallel curve, then with it starting flat (1 everywhere) from the first
-    # stage's solution, so the width can only improve on the size-only fit.
+    # Two stages: without the depth and parallel curves, then with them starting flat (1 everywhere) from the
+    # first stage's solution, so the width and depth can only improve on the size-only fit.
     first = _Layout(lay.compute, parallel=False, l2=lay.l2)
     lo, hi, x0 = first.bounds()
     res = least_squares(lambda th: np.log(_predict(th, sub, first) / sub.measured_ms), x0, bounds=(lo, hi),
                         loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
-    if lay.parallel:
+    if lay.parallel or lay.depth:
         lo, hi, _ = lay.bounds()
         end = first.curves_end
-        x1 = np.clip(np.concatenate([res.x[:end], np.zeros(NP + 1), res.x[end:]]), lo, hi)
+        extra = (ND if lay.depth else 0) + (NP + 1 if lay.parallel else 0)
+        x1 = np.clip(np.concatenate([res.x[:end], np.zeros(extra), res.x[end:]]), lo, hi)
         res = least_squares(lambda th: np.log(_predict(th, sub, lay) / sub.measured_ms), x1, bounds=(lo, hi),
                             loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     comp, mem, par = lay.split(res.x)
     return OpFit(latency_us=_r(res.x[0]), sharpness=_r(res.x[1]), compute=[_r(x) for x in comp],
                  memory=[_r(x) for x in mem], parallel=[_r(x) for x in par], unit_ns=_r(lay.unit_ns(res.x)),
+                 depth=[_r(x) for x in lay.depth_curve(res.x)],
                  l2_gain=_r(lay.l2_gain(res.x)))
 
 
@@ -433,8 +461,9 @@ def predict_op(fit: OpFit, s: OpSamples) -> np.ndarray:
     """The fitted op's time on every sample, through ``OpFit.ms`` (what the cost model calls)."""
     width = s.width if s.width is not None else np.ones_like(s.flops)
     resident = s.l2_resident if s.l2_resident is not None else np.zeros(len(s), dtype=bool)
-    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w, bool(r))
-                     for f, b, z, w, r in zip(s.flops, s.nbytes, s.size, width, resident, strict=True)])
+    depth = s.depth if s.depth is not None else np.zeros(len(s))
+    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w, bool(r), float(d))
+                     for f, b, z, w, r, d in zip(s.flops, s.nbytes, s.size, width, resident, depth, strict=True)])
 
 
 @dataclass(frozen=True)
@@ -549,7 +578,8 @@ def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardw
 
 
 def _fit_line(key: str, fit: OpFit, indent: str) -> str:
-    body = json.dumps(fit.model_dump(), separators=(", ", ": "))
+    dump = {k: v for k, v in fit.model_dump().items() if k != "depth" or v}  # only GEMMs may have a depth curve
+    body = json.dumps(dump, separators=(", ", ": "))
     return f"{indent}{key}: {body}"
 
 

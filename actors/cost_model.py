@@ -7,8 +7,9 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
     step = layers x (QKV + attention + O + all-reduce + MLP|MoE (+ all-to-all) + all-reduce + small kernels)
            + LM head + step overhead + sequences x request overhead (+ layers x layer overhead unless one graph)
 
-- GEMMs (``gemm``/``gemm_fp8``): QKV ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up
-  ``[T, 2 inter/tp, hidden]``, down ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
+- GEMMs (``gemm``/``gemm_fp8``; their efficiencies also scale by k, ``OpFit.depth``): QKV
+  ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up ``[T, 2 inter/tp, hidden]``, down
+  ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
   bytes = weights + activations in and out; on a GPU whose fp8 table lost to bf16 (``gemm_fp8_bf16_bound``)
   an fp8 GEMM takes the faster of the two fits. The LM head is a 16-bit GEMM whatever the model's GEMM dtype:
   vLLM's ``Fp8Config`` quantizes ``LinearBase`` and ``FusedMoE`` layers, and ``ParallelLMHead`` is neither
@@ -312,10 +313,11 @@ class RooflineCostModel:
 
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
-        t = self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n)
+        t = self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n,
+                          depth=k)
         if self._bf16_bound:
             t = min(t, self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
-                                        self._hbm, n))
+                                        self._hbm, n, depth=k))
         return t
 
     def allreduce_ms(self, tokens: int) -> float:
@@ -370,7 +372,7 @@ class RooflineCostModel:
         """The LM head ``[seqs, vocab/tp, hidden]``, a 16-bit GEMM whatever the model's GEMM dtype."""
         m, n, k = float(seqs), self.model.vocab_size / self.tp, float(self.model.hidden_size)
         return self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
-                                self._hbm, n)
+                                self._hbm, n, depth=k)
 
     def sync_cpu_ms(self, seqs: int) -> float:
         """The CPU's part of a step that the GPU waits for: none with async scheduling, else

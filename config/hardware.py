@@ -23,6 +23,11 @@ MEMORY_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(10, 34, 2))
 PARALLEL_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(0, 22, 2))
 """log2 of the op's parallel width (independent output tiles: a GEMM's n, an attention's sequences x
 heads, a MoE's touched experts x width): 1 .. 1M. Too few tiles leave SMs idle whatever the size."""
+DEPTH_KNOTS: tuple[float, ...] = tuple(float(x) for x in range(4, 18, 2))
+"""log2 of a GEMM's reduction depth k: 16 .. 65,536. The size (m) and width (n) curves do not see k, yet the
+op tables do: on L40S's bf16 table the size/width-only fit over-predicts k <= 128 by a median 1.17-1.30x and
+under-predicts k 1,024-2,048 by 0.92-0.93x (a short k loop finishes each output tile with little more than
+its epilogue's write, which streams faster than the bytes curve fitted on weight-bound GEMMs)."""
 
 # Memory efficiency may exceed 1: an operand that fits in L2 (50 MB on H100, 96 MB on L40S) is re-read
 # faster than HBM/GDDR streams it.
@@ -61,6 +66,10 @@ class OpFit(Frozen):
     memory: list[MemoryEff] = Field(default_factory=lambda: [0.8] * len(MEMORY_KNOTS))
     parallel: list[ComputeEff] = Field(default_factory=list)
     """Factor on both efficiencies by parallel width (``PARALLEL_KNOTS``); empty: 1."""
+    depth: list[Annotated[float, Field(ge=1.0, le=16.0)]] = Field(default_factory=list)
+    """Factor on both efficiencies by a GEMM's reduction depth k (``DEPTH_KNOTS``), 1 at the deepest knot and
+    non-increasing in k, so that time never falls as k grows (FLOPs grow with k, bytes do not fall); the
+    compute efficiency it scales stays <= 1. Empty: 1 (every family but the GEMMs)."""
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""
@@ -79,6 +88,10 @@ class OpFit(Frozen):
             raise ValueError(f"memory needs {len(MEMORY_KNOTS)} values (one per knot)")
         if self.parallel and len(self.parallel) != len(PARALLEL_KNOTS):
             raise ValueError(f"parallel needs {len(PARALLEL_KNOTS)} values (one per knot) or none")
+        if self.depth and len(self.depth) != len(DEPTH_KNOTS):
+            raise ValueError(f"depth needs {len(DEPTH_KNOTS)} values (one per knot) or none")
+        if any(b > a for a, b in zip(self.depth, self.depth[1:], strict=False)):
+            raise ValueError("depth must not increase with k (time would fall as k grows)")
         return self
 
     def compute_eff(self, size: float) -> float:
@@ -92,18 +105,24 @@ class OpFit(Frozen):
             return 1.0
         return interp(math.log2(max(width, 1.0)), PARALLEL_KNOTS, self.parallel)
 
+    def depth_eff(self, k: float) -> float:
+        if not self.depth:
+            return 1.0
+        return interp(math.log2(max(k, 1.0)), DEPTH_KNOTS, self.depth)
+
     def ms(self, flops: float, nbytes: float, size: float, flops_per_ms: float, bytes_per_ms: float,
-           width: float = 1.0, l2_resident: bool = False) -> float:
+           width: float = 1.0, l2_resident: bool = False, depth: float = 0.0) -> float:
         """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak
-        (``l2_gain`` times that for an op table's L2-resident replay)."""
+        (``l2_gain`` times that for an op table's L2-resident replay); ``depth``: a GEMM's k (0: none)."""
         if l2_resident:
             bytes_per_ms *= self.l2_gain
         par = self.parallel_eff(width)
+        dep = self.depth_eff(depth) if depth > 0 else 1.0
         fixed = self.latency_us / 1e3 + self.unit_ns * width / 1e6
-        m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par)
+        m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par * dep)
         if not self.compute or flops <= 0:
             return fixed + m
-        c = flops / (flops_per_ms * self.compute_eff(size) * par)
+        c = flops / (flops_per_ms * min(1.0, self.compute_eff(size) * dep) * par)
         p = self.sharpness
         top = max(c, m)
         return fixed + top * ((c / top) ** p + (m / top) ** p) ** (1.0 / p)

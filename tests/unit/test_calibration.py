@@ -11,6 +11,7 @@ import pytest
 from actors.calibration import (
     FITTED_FAMILIES,
     FP8_GEMM_BF16_BOUND,
+    GEMM_DEPTH_TABLES,
     MAX_COMPUTE_STEP,
     MAX_MEMORY_STEP,
     OP_TABLE_GPUS,
@@ -29,7 +30,7 @@ from actors.cost_model import RooflineCostModel, gemm_bytes
 from actors.splitwise_report import load_points, splitwise_report
 from config import default_catalog
 from config.catalog import PRESETS_DIR, Catalog
-from config.hardware import COMPUTE_KNOTS, MEMORY_KNOTS, OpFit
+from config.hardware import COMPUTE_KNOTS, DEPTH_KNOTS, MEMORY_KNOTS, OpFit
 from tests.conftest import shared_path
 
 BOUND = 0.10
@@ -84,6 +85,34 @@ def test_fit_recovers_a_known_roofline() -> None:
     assert fit.memory_eff(2.0 ** 28) == pytest.approx(0.8, rel=0.05)
 
 
+def test_fit_recovers_a_gemm_depth_curve_and_keeps_time_monotone_in_k() -> None:
+    # A GEMM table whose short-k rows stream 1.5x faster than the bytes curve allows (k 16, fading to 1 at
+    # k 256; L40S's bf16 table: 1.17-1.30x at k <= 128): the depth curve takes it, a size-only fit cannot,
+    # and time still never falls as k grows.
+    rng = np.random.default_rng(2)
+    m = 2.0 ** rng.integers(0, 15, 3000)
+    n = 2.0 ** rng.integers(8, 15, 3000)
+    k = 2.0 ** rng.integers(4, 15, 3000)
+    flops, nbytes = 2 * m * n * k, 2 * (n * k + m * k + m * n)
+    peak_f, peak_b = 1e9, 3e6
+    gain = np.interp(np.log2(k), [4.0, 8.0], [1.5, 1.0])
+    t = 5e-3 + np.maximum(flops / (peak_f * 0.7), nbytes / (peak_b * 0.8 * gain))
+    with_k = OpSamples("gemm", "synthetic", flops, nbytes, m, t, peak_f, peak_b, depth=k)
+    fit = fit_op(with_k)
+    assert len(fit.depth) == len(DEPTH_KNOTS) and fit.depth[-1] == 1.0
+    assert fit.depth_eff(16) == pytest.approx(1.5, rel=0.1)
+    assert fit.depth_eff(4096) == pytest.approx(1.0, rel=0.02)
+    assert op_error("x", fit, with_k).median < 0.02
+    blind = fit_op(OpSamples("gemm", "synthetic", flops, nbytes, m, t, peak_f, peak_b))
+    assert blind.depth == [] and op_error("x", blind, with_k).median > 5 * op_error("x", fit, with_k).median
+    for mm, nn in ((1.0, 4096.0), (4096.0, 4096.0)):
+        times = [fit.ms(2 * mm * nn * kk, 2 * (nn * kk + mm * kk + mm * nn), mm, peak_f, peak_b, nn, depth=kk)
+                 for kk in 2.0 ** np.arange(0, 18, 0.25)]
+        assert np.all(np.diff(times) >= 0), (mm, nn)
+    with pytest.raises(ValueError, match="must not increase"):
+        OpFit(depth=[1.0, 1.0, 1.2, 1.0, 1.0, 1.0, 1.0])
+
+
 def test_fit_separates_the_tables_l2_resident_replays_from_the_dram_curve() -> None:
     # Rows whose operand fits in L2 ran 3x faster than DRAM allows (a benchmark replaying one op back to
     # back); the fit gives them their own gain and keeps the DRAM curve for everything else, and the cost
@@ -125,6 +154,9 @@ def test_fitted_curves_grow_no_faster_than_time_allows() -> None:
             assert len(c) == len(COMPUTE_KNOTS) and len(m) == len(MEMORY_KNOTS)
             assert np.all(c[1:] / c[:-1] <= np.exp(MAX_COMPUTE_STEP) * 1.001), (name, fam)
             assert np.all(m[1:] / m[:-1] <= np.exp(MAX_MEMORY_STEP) * 1.001), (name, fam)
+            d = np.array(fit.depth)
+            assert (len(d) == len(DEPTH_KNOTS) and d[-1] == 1.0 and np.all(np.diff(d) <= 0)) if (
+                name, fam) in GEMM_DEPTH_TABLES else len(d) == 0, (name, fam)
 
 
 def test_gpus_without_tables_borrow_from_their_architecture_family() -> None:
@@ -205,8 +237,8 @@ def test_b200_fp8_gemms_are_bounded_by_its_bf16_gemms(op_data: Path) -> None:
     fp8 = RooflineCostModel(b200, CAT.models.get("llama-3.1-70b-fp8"), 1)
     unbound = RooflineCostModel(b200, fp8.model, 1, eff.model_copy(update={"gemm_fp8_bf16_bound": False}))
     for m, n, k in ((4096.0, 16384.0, 8192.0), (4.0, 16384.0, 8192.0)):
-        t8 = eff.gemm_fp8.ms(2 * m * n * k, gemm_bytes(m, n, k, 1.0), m, peak8, bw, n)
-        t16 = eff.gemm.ms(2 * m * n * k, gemm_bytes(m, n, k, 2.0), m, peak16, bw, n)
+        t8 = eff.gemm_fp8.ms(2 * m * n * k, gemm_bytes(m, n, k, 1.0), m, peak8, bw, n, depth=k)
+        t16 = eff.gemm.ms(2 * m * n * k, gemm_bytes(m, n, k, 2.0), m, peak16, bw, n, depth=k)
         assert fp8.gemm_ms(m, n, k) == pytest.approx(min(t8, t16))
         assert unbound.gemm_ms(m, n, k) == pytest.approx(t8)
     # A prefill-sized GEMM: the measured fp8 kernel loses, the bf16 one runs; a decode-sized one keeps fp8.
