@@ -176,3 +176,52 @@ async def test_a_cancelled_small_push_sends_cancel_and_returns_its_budget(joined
         await task
     assert out.frames == [FrameType.PUSH_DATA, FrameType.CANCEL]
     assert client.pending == {} and client.budget.used == 0
+
+
+class HeldVerifier:
+    """A verifier that checks nothing until told (``judge``): frames wait behind the one it holds."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[memoryview, int, Any]] = []
+
+    def submit(self, algo: ChecksumName, payload: memoryview, expected: int, done: Any) -> None:
+        self.waiting.append((payload, expected, done))
+
+    def judge(self) -> None:
+        for payload, expected, done in self.waiting:
+            done(checksum_of("sum64", payload) == expected)
+        self.waiting.clear()
+
+
+class Recorder(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[tuple[FrameType, int]] = []
+
+    def on_frame(self, f: Any) -> None:
+        self.frames.append((f.type, f.meta["t"]))
+        f.release()
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        pass
+
+
+async def test_a_small_push_behind_a_frame_held_for_the_verifier_waits_its_turn() -> None:
+    verifier, handler = HeldVerifier(), Recorder()
+    conn = FrameConnection(BufferPool(1 << 22), Limits(max_meta_bytes=4096, max_payload=1 << 20),
+                           lambda _c: handler, None, verifier, 64 * 1024)  # type: ignore[arg-type]
+    conn.connection_made(Pipe(asyncio.get_running_loop()))  # type: ignore[arg-type]
+    big = encode_bytes(FrameType.PUSH_DATA, {"t": 1, "i": 0, "b": 0, "l": [0, 1]}, bytes(256 * 1024), algo="sum64")
+    for part in (big[:100], big[100:], small_push(2, b"x" * 64)):  # the large payload lands in the payload state
+        _feed(conn, part)
+    assert len(verifier.waiting) == 1 and handler.frames == [] and handler.pushes == []  # the push waits
+    verifier.judge()
+    assert handler.frames == [(FrameType.PUSH_DATA, 1), (FrameType.PUSH_DATA, 2)]  # in order, as frames
+    _feed(conn, small_push(3, b"y" * 64))
+    assert [p[0] for p in handler.pushes] == [3]  # nothing held: straight to the handler again
+
+
+def _feed(conn: FrameConnection, data: bytes) -> None:
+    pipe = Pipe(asyncio.get_running_loop())
+    pipe.peer = conn
+    pipe._deliver(data)
