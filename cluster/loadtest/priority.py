@@ -23,7 +23,8 @@ the generator waited for a core 5.5 of 6.6 s run at niceness 0, 3.8-5.6 of 7.5-7
 requests; the first of a burst is sent 0.2-0.3 ms late at p50, each later one ~1.3 ms after the one before
 at -5, ~0.6 ms at ``SCHED_RR``), i.e. the generator's own work of sending the burst in order. At -10 the
 send lag p99 was 13.1 ms, under ``SCHED_RR`` 9.9 ms, but there the engines' step lag p99 rose to 9.6 ms
-(they then wait behind the generator): the default stays level with the engines.
+(they then wait behind the generator): the default stays level with the engines. The per-send gap was the
+replay yielding a whole loop pass after each send; a burst now starts in one pass (``replay.py``, Bursts).
 """
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ started without yielding to the loop in between, so the whole burst's sends run 
 after the other, each up to its first wait (connection, headers and body written); the dispatcher yields once
 before it builds bodies for, or sleeps to, a later deadline. Yielding after each send instead put a full loop
 pass (every open stream's pending reads) between two sends of a burst: ~1.3 ms per send on the Mooncake slice,
-so the 16th of a 16-request burst went out ~20 ms late. Before the origin, ``warm.py`` opens as many keep-alive
-connections as the schedule can hold at once (``ReplayConfig.warm_connections``), so a burst's sends do not
-each connect first.
+so the 16th of a 16-request burst went out ~20 ms late. Started in one pass, two sends of a burst were
+0.16-0.28 ms apart at p50 (0.15-0.24 ms of it the generator thread's CPU: aiohttp's request set-up and write),
+against 0.58-0.68 ms (0.50 ms CPU) yielding, in the same bench alternated on a host under other work (direction
+only); the last of a burst went out 2.9-3.0 ms late at p50 (6.4-6.6 before). Before the origin, ``warm.py``
+opens as many keep-alive connections as the schedule can hold at once (``ReplayConfig.warm_connections``), so
+a burst's sends do not each connect first.
 
 Send lag is ``RequestRecord.send_lag_wall_ms``: the ``time.monotonic()`` taken as ``CompletionClient.send``
 begins (before aiohttp builds the request, takes a connection and writes; the instant TTFT is measured from,
