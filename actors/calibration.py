@@ -6,6 +6,8 @@ A100). For each calibrated GPU and op family (``OP_FAMILIES``) one ``OpFit`` is 
 latency, a corner sharpness and two efficiency curves (compute by op size, memory by bytes), with the
 FLOPs and bytes of each row computed by the same functions the cost model uses (``gemm_bytes``,
 ``moe_work``, the attention formulas below), so a fitted curve means the same thing at fit and at use.
+GEMM tables named in ``GEMM_DEPTH_TABLES`` also fit a factor by k (``OpFit.depth``), those in
+``GEMM_EPILOGUE_TABLES`` a time per output element (``OpFit.output_ns``); ``actors.calibration_tables`` says why.
 
 The fit minimises the log ratio predicted / measured with a soft-L1 loss over a seeded subsample of
 each table (at most ``MAX_FIT_ROWS`` rows); the error is reported on every row. The curves are
@@ -33,6 +35,14 @@ import pyarrow.parquet as pq
 import yaml
 from scipy.optimize import least_squares
 
+from actors.calibration_tables import (
+    EXCLUDED_TABLES,
+    FP8_GEMM_BF16_BOUND,
+    GEMM_DEPTH_TABLES,
+    GEMM_EPILOGUE_TABLES,
+    SIBLING_GPUS,
+    SIBLING_MAX_RATIO,
+)
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes, moe_work
 from config.catalog import PRESETS_DIR, Catalog
 from config.hardware import COMPUTE_KNOTS, DEPTH_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
@@ -44,41 +54,6 @@ OP_DATA = REPO_ROOT.parent / "shared" / "calibration" / "aiconfigurator_vllm" / 
 OP_TABLE_GPUS = {"h100-80g-sxm": "h100_sxm", "h200-141g-sxm": "h200_sxm", "b200-180g-sxm": "b200_sxm",
                  "l40s-48g": "l40s", "a100-80g-sxm": "a100_sxm"}
 MAX_FIT_ROWS = 20_000
-EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
-    ("h200-141g-sxm", "attention_prefill"): (
-        "h100-80g-sxm", "table inconsistent: from isl 64 up its times scatter from 0.01x to 3x H100's on the same "
-                        "shapes (same SMs and clocks), a third above the tensor peak; H100's fit is used"),
-}
-"""(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
-SIBLING_GPUS: dict[str, tuple[str, str]] = {
-    "h200-141g-sxm": (
-        "h100-80g-sxm",
-        "the same GH100 die (132 SMs, same clocks) with 1.43x the bandwidth, yet its decode-attention table's "
-        "few-KV-head rows at large batch x context take up to 4.6x H100's time on the same shape (1-2 KV "
-        "heads: p90 2.4-4.6x; 8 KV heads: p90 1.02x); those rows keep the time of 4 KV heads' work"),
-}
-"""GPU -> (a sibling GPU no slower on any decode-attention shape, why): rows of the GPU's decode-attention
-tables above ``SIBLING_MAX_RATIO`` x the sibling's time on the same shape measured something else."""
-SIBLING_MAX_RATIO = 1.25
-"""Tolerance of the sibling check: run-to-run spread of a kernel time (p90 of H200/H100 on 8 KV heads: 1.02)."""
-FP8_GEMM_BF16_BOUND: dict[str, str] = {
-    "b200-180g-sxm":
-        "its fp8 GEMM table runs no faster than its bf16 one (time bf16/fp8 0.97x at m <= 16, 1.03x at m 64-256, "
-        "0.83x at m >= 1024: fp8_gemm_speedup) where every other fp8 part's is 1.05-1.76x faster, and the "
-        "datasheet gives B200 Hopper's 2:1 fp8:bf16 rate. Served B200 fp8 70B runs are faster than this table "
-        "allows (validate: TPOT +11%, TTFT +25% bias with the bound; H100's per-shape fp8 gain applied to B200's "
-        "bf16 table instead overshoots: TPOT -14%, TTFT -10%); the bound is the part of that which the data "
-        "prove: fp8 is never served where it loses to bf16",
-}
-"""GPU -> why: parts whose fp8 GEMM table measured a kernel that is slower than the same GPU's bf16 GEMM on some
-shapes. An fp8 GEMM moves half the bytes at twice the tensor rate, and a deployment does not serve fp8 where it
-loses to bf16: both fits stay on their own tables, and the fitted ``Efficiency`` says
-``gemm_fp8_bf16_bound``, so the cost model takes the faster of the two per GEMM."""
-GEMM_DEPTH_TABLES: dict[tuple[str, str], str] = {
-    ("l40s-48g", "gemm"): "median 11.5% -> 9.5%: the size/width fit over-predicts k <= 128 by 1.17-1.30x",
-}
-"""(GPU, GEMM family) -> why: tables fitted with a depth curve (``OpFit.depth``). On the others it gains < 1 point
-(0.0-0.8) and moved validate --quick (70B fp8 H100 TTFT 9.4 -> 11.0%): they keep the size/width fit."""
 SEED = 12
 FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
                    "moe_fp8")
@@ -103,6 +78,8 @@ class OpSamples:
     """Rows whose replayed operand fits in the GPU's L2 (``OpFit.l2_gain``); None: none is."""
     depth: np.ndarray | None = None
     """A GEMM's reduction depth k per row (``DEPTH_KNOTS``); None: the family has no depth curve."""
+    outputs: np.ndarray | None = None
+    """A GEMM's output elements m x n per row (``OpFit.output_ns``); None: no per-output term."""
 
     def __len__(self) -> int:
         return len(self.measured_ms)
@@ -113,7 +90,8 @@ class OpSamples:
                          self.measured_ms[idx], self.flops_per_ms, self.bytes_per_ms,
                          None if self.width is None else self.width[idx],
                          None if self.l2_resident is None else self.l2_resident[idx],
-                         None if self.depth is None else self.depth[idx])
+                         None if self.depth is None else self.depth[idx],
+                         None if self.outputs is None else self.outputs[idx])
 
 
 def _latest(folder: Path) -> Path | None:
@@ -144,7 +122,7 @@ def _where(t: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
 def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, size: np.ndarray,
              t: dict[str, np.ndarray], flops_per_ms: float, bytes_per_ms: float,
              width: np.ndarray | None = None, l2_resident: np.ndarray | None = None,
-             depth: np.ndarray | None = None) -> OpSamples | None:
+             depth: np.ndarray | None = None, outputs: np.ndarray | None = None) -> OpSamples | None:
     lat = t["latency"].astype(float)
     # A row faster than the datasheet allows (FLOPs above the tensor peak, or bytes above twice the
     # bandwidth, an L2-resident operand's most) measured something else: it is left out and counted.
@@ -158,7 +136,8 @@ def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, si
     return OpSamples(family, source, flops[ok].astype(float), nbytes[ok].astype(float), size[ok].astype(float),
                      lat[ok], flops_per_ms, bytes_per_ms, None if width is None else width[ok].astype(float),
                      None if l2_resident is None else l2_resident[ok],
-                     None if depth is None else depth[ok].astype(float))
+                     None if depth is None else depth[ok].astype(float),
+                     None if outputs is None else outputs[ok].astype(float))
 
 
 def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
@@ -171,7 +150,8 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n,
-                    depth=k if (hw.name, family) in GEMM_DEPTH_TABLES else None)
+                    depth=k if (hw.name, family) in GEMM_DEPTH_TABLES else None,
+                    outputs=m * n if (hw.name, family) in GEMM_EPILOGUE_TABLES else None)
 
 
 def _gemm_times(gpu_dir: Path, min_nk: int = 0) -> dict[str, dict[tuple[int, int, int], float]]:
@@ -355,6 +335,8 @@ class _Layout:
     l2: bool = False
     """The samples have L2-resident rows: one more parameter, log ``l2_gain``, last."""
     depth: bool = False
+    epilogue: bool = False
+    """One more parameter after the depth curve: ``output_ns``."""
     """The samples have a GEMM's k: a depth curve (``ND`` log-steps, the deepest knot's a dummy) after memory."""
 
     def split(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -362,10 +344,13 @@ class _Layout:
         comp = np.clip(np.exp(np.cumsum(theta[i:i + NC])), 1e-4, 1.0) if self.compute else np.zeros(0)
         i += NC if self.compute else 0
         mem = np.clip(np.exp(np.cumsum(theta[i:i + NM])), 1e-4, 2.0)
-        i += NM + (ND if self.depth else 0)
+        i += NM + (ND if self.depth else 0) + (1 if self.epilogue else 0)
         # The parallel factor is normalised to 1 at its widest knot (it only says how much less a narrow op gets).
         par = np.exp(np.cumsum(theta[i:i + NP]) - np.sum(theta[i + 1:i + NP])) if self.parallel else np.zeros(0)
         return comp, mem, np.clip(par, 1e-4, 1.0) if self.parallel else par
+
+    def output_ns(self, theta: np.ndarray) -> float:
+        return float(theta[self.curves_end + (ND if self.depth else 0)]) if self.epilogue else 0.0
 
     def unit_ns(self, theta: np.ndarray) -> float:
         """The per-width-unit time, the parameter after the curves when the family has a width."""
@@ -397,6 +382,8 @@ class _Layout:
             lo += [0.0] * ND
             hi += [1e-9] + [MAX_DEPTH_STEP] * (ND - 1)
             x0 += [0.0] * ND
+        if self.epilogue:
+            lo, hi, x0 = [*lo, 0.0], [*hi, 100.0], [*x0, 0.0]
         if self.parallel:
             lo += [0.0] + [0.0] * (NP - 1)  # the first value is the normalisation's dummy; factors only grow
             hi += [1e-9] + [MAX_PARALLEL_STEP] * (NP - 1)
@@ -412,6 +399,8 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
     p_eff = np.interp(np.log2(np.maximum(s.width, 1.0)), PARALLEL_KNOTS, par) \
         if lay.parallel and s.width is not None else 1.0
     fixed = theta[0] / 1e3 + (lay.unit_ns(theta) * s.width / 1e6 if lay.parallel and s.width is not None else 0.0)
+    if lay.epilogue and s.outputs is not None:
+        fixed = fixed + lay.output_ns(theta) * s.outputs / 1e6
     bw = s.bytes_per_ms * (np.where(s.l2_resident, lay.l2_gain(theta), 1.0)
                            if lay.l2 and s.l2_resident is not None else 1.0)
     d_eff = np.interp(np.log2(np.maximum(s.depth, 1.0)), DEPTH_KNOTS, lay.depth_curve(theta)) \
@@ -429,7 +418,8 @@ def _predict(theta: np.ndarray, s: OpSamples, lay: _Layout) -> np.ndarray:
 def fit_op(s: OpSamples) -> OpFit:
     """One family's ``OpFit`` on its samples (seeded subsample of at most ``MAX_FIT_ROWS``)."""
     lay = _Layout(compute=bool(np.any(s.flops > 0)), parallel=s.width is not None,
-                  l2=s.l2_resident is not None and bool(np.any(s.l2_resident)), depth=s.depth is not None)
+                  l2=s.l2_resident is not None and bool(np.any(s.l2_resident)), depth=s.depth is not None,
+                  epilogue=s.outputs is not None)
     rng = np.random.default_rng(SEED)
     idx = rng.choice(len(s), MAX_FIT_ROWS, replace=False) if len(s) > MAX_FIT_ROWS else np.arange(len(s))
     sub = s.take(idx)
@@ -439,17 +429,17 @@ def fit_op(s: OpSamples) -> OpFit:
     lo, hi, x0 = first.bounds()
     res = least_squares(lambda th: np.log(_predict(th, sub, first) / sub.measured_ms), x0, bounds=(lo, hi),
                         loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
-    if lay.parallel or lay.depth:
+    if lay.parallel or lay.depth or lay.epilogue:
         lo, hi, _ = lay.bounds()
         end = first.curves_end
-        extra = (ND if lay.depth else 0) + (NP + 1 if lay.parallel else 0)
+        extra = (ND if lay.depth else 0) + (1 if lay.epilogue else 0) + (NP + 1 if lay.parallel else 0)
         x1 = np.clip(np.concatenate([res.x[:end], np.zeros(extra), res.x[end:]]), lo, hi)
         res = least_squares(lambda th: np.log(_predict(th, sub, lay) / sub.measured_ms), x1, bounds=(lo, hi),
                             loss="soft_l1", f_scale=0.05, max_nfev=500, tr_solver="lsmr")
     comp, mem, par = lay.split(res.x)
     return OpFit(latency_us=_r(res.x[0]), sharpness=_r(res.x[1]), compute=[_r(x) for x in comp],
                  memory=[_r(x) for x in mem], parallel=[_r(x) for x in par], unit_ns=_r(lay.unit_ns(res.x)),
-                 depth=[_r(x) for x in lay.depth_curve(res.x)],
+                 depth=[_r(x) for x in lay.depth_curve(res.x)], output_ns=_r(lay.output_ns(res.x)),
                  l2_gain=_r(lay.l2_gain(res.x)))
 
 
@@ -462,8 +452,9 @@ def predict_op(fit: OpFit, s: OpSamples) -> np.ndarray:
     width = s.width if s.width is not None else np.ones_like(s.flops)
     resident = s.l2_resident if s.l2_resident is not None else np.zeros(len(s), dtype=bool)
     depth = s.depth if s.depth is not None else np.zeros(len(s))
-    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w, bool(r), float(d))
-                     for f, b, z, w, r, d in zip(s.flops, s.nbytes, s.size, width, resident, depth, strict=True)])
+    outs = s.outputs if s.outputs is not None else np.zeros(len(s))
+    return np.array([fit.ms(f, b, z, s.flops_per_ms, s.bytes_per_ms, w, bool(r), float(d), float(o)) for
+                     f, b, z, w, r, d, o in zip(s.flops, s.nbytes, s.size, width, resident, depth, outs, strict=True)])
 
 
 @dataclass(frozen=True)
@@ -578,7 +569,7 @@ def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardw
 
 
 def _fit_line(key: str, fit: OpFit, indent: str) -> str:
-    dump = {k: v for k, v in fit.model_dump().items() if k != "depth" or v}  # only GEMMs may have a depth curve
+    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns") or v}  # GEMM-only terms
     body = json.dumps(dump, separators=(", ", ": "))
     return f"{indent}{key}: {body}"
 

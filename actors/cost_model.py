@@ -314,10 +314,10 @@ class RooflineCostModel:
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
         t = self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n,
-                          depth=k)
+                          depth=k, outputs=m * n)
         if self._bf16_bound:
             t = min(t, self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
-                                        self._hbm, n, depth=k))
+                                        self._hbm, n, depth=k, outputs=m * n))
         return t
 
     def allreduce_ms(self, tokens: int) -> float:
@@ -372,7 +372,7 @@ class RooflineCostModel:
         """The LM head ``[seqs, vocab/tp, hidden]``, a 16-bit GEMM whatever the model's GEMM dtype."""
         m, n, k = float(seqs), self.model.vocab_size / self.tp, float(self.model.hidden_size)
         return self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
-                                self._hbm, n, depth=k)
+                                self._hbm, n, depth=k, outputs=m * n)
 
     def sync_cpu_ms(self, seqs: int) -> float:
         """The CPU's part of a step that the GPU waits for: none with async scheduling, else

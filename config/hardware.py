@@ -70,6 +70,10 @@ class OpFit(Frozen):
     """Factor on both efficiencies by a GEMM's reduction depth k (``DEPTH_KNOTS``), 1 at the deepest knot and
     non-increasing in k, so that time never falls as k grows (FLOPs grow with k, bytes do not fall); the
     compute efficiency it scales stays <= 1. Empty: 1 (every family but the GEMMs)."""
+    output_ns: NonNegativeFloat = 0.0
+    """Time per output element of a GEMM (``outputs`` = m x n): an epilogue's per-element work (fp8: the
+    per-token x per-channel dequantization before the 16-bit write) that the bytes curve, keyed by all the
+    op's bytes, does not see when k is short (L40S fp8: the size/width fit runs 1.4-1.6x fast at k <= 128)."""
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""
@@ -111,14 +115,15 @@ class OpFit(Frozen):
         return interp(math.log2(max(k, 1.0)), DEPTH_KNOTS, self.depth)
 
     def ms(self, flops: float, nbytes: float, size: float, flops_per_ms: float, bytes_per_ms: float,
-           width: float = 1.0, l2_resident: bool = False, depth: float = 0.0) -> float:
+           width: float = 1.0, l2_resident: bool = False, depth: float = 0.0, outputs: float = 0.0) -> float:
         """Time of one op, ms: ``flops`` at ``flops_per_ms`` peak, ``nbytes`` at ``bytes_per_ms`` peak
-        (``l2_gain`` times that for an op table's L2-resident replay); ``depth``: a GEMM's k (0: none)."""
+        (``l2_gain`` times that for an op table's L2-resident replay); a GEMM's k (``depth``) and m x n
+        (``outputs``), 0 for other ops."""
         if l2_resident:
             bytes_per_ms *= self.l2_gain
         par = self.parallel_eff(width)
         dep = self.depth_eff(depth) if depth > 0 else 1.0
-        fixed = self.latency_us / 1e3 + self.unit_ns * width / 1e6
+        fixed = self.latency_us / 1e3 + self.unit_ns * width / 1e6 + self.output_ns * outputs / 1e6
         m = nbytes / (bytes_per_ms * self.memory_eff(nbytes) * par * dep)
         if not self.compute or flops <= 0:
             return fixed + m

@@ -113,6 +113,26 @@ def test_fit_recovers_a_gemm_depth_curve_and_keeps_time_monotone_in_k() -> None:
         OpFit(depth=[1.0, 1.0, 1.2, 1.0, 1.0, 1.0, 1.0])
 
 
+def test_fit_recovers_a_gemm_time_per_output_element() -> None:
+    # An fp8 GEMM table whose epilogue costs 0.004 ns per output element (m x n) on top of the roofline: the fit
+    # finds the term, the cost model's ms() adds it, and a size-only fit cannot match the short-k rows.
+    rng = np.random.default_rng(3)
+    m = 2.0 ** rng.integers(0, 15, 3000)
+    n = 2.0 ** rng.integers(8, 15, 3000)
+    k = 2.0 ** rng.integers(4, 15, 3000)
+    flops, nbytes = 2 * m * n * k, n * k + 2 * (m * k + m * n)
+    peak_f, peak_b = 2e9, 3e6
+    t = 5e-3 + np.maximum(flops / (peak_f * 0.7), nbytes / (peak_b * 0.8)) + 0.004 * m * n / 1e6
+    s = OpSamples("gemm_fp8", "synthetic", flops, nbytes, m, t, peak_f, peak_b, outputs=m * n)
+    fit = fit_op(s)
+    assert fit.output_ns == pytest.approx(0.004, rel=0.15)
+    assert op_error("x", fit, s).median < 0.03
+    blind = fit_op(OpSamples("gemm_fp8", "synthetic", flops, nbytes, m, t, peak_f, peak_b))
+    assert blind.output_ns == 0.0 and op_error("x", blind, s).median > 2 * op_error("x", fit, s).median
+    one = (1e9, 1e7, 64.0, peak_f, peak_b)
+    assert OpFit(output_ns=2.0).ms(*one, outputs=1e6) == pytest.approx(OpFit().ms(*one) + 2.0)
+
+
 def test_fit_separates_the_tables_l2_resident_replays_from_the_dram_curve() -> None:
     # Rows whose operand fits in L2 ran 3x faster than DRAM allows (a benchmark replaying one op back to
     # back); the fit gives them their own gain and keeps the DRAM curve for everything else, and the cost

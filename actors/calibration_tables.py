@@ -1,0 +1,47 @@
+"""Which op tables the calibration treats specially, and why: each entry names its (GPU, family) and the
+measurement that sets it apart (``actors.calibration`` reads these registries; calibrate prints them)."""
+
+from __future__ import annotations
+
+EXCLUDED_TABLES: dict[tuple[str, str], tuple[str, str]] = {
+    ("h200-141g-sxm", "attention_prefill"): (
+        "h100-80g-sxm", "table inconsistent: from isl 64 up its times scatter from 0.01x to 3x H100's on the same "
+                        "shapes (same SMs and clocks), a third above the tensor peak; H100's fit is used"),
+}
+"""(GPU, family) -> (the GPU whose fit is used instead, why): tables that measured something else."""
+SIBLING_GPUS: dict[str, tuple[str, str]] = {
+    "h200-141g-sxm": (
+        "h100-80g-sxm",
+        "the same GH100 die (132 SMs, same clocks) with 1.43x the bandwidth, yet its decode-attention table's "
+        "few-KV-head rows at large batch x context take up to 4.6x H100's time on the same shape (1-2 KV "
+        "heads: p90 2.4-4.6x; 8 KV heads: p90 1.02x); those rows keep the time of 4 KV heads' work"),
+}
+"""GPU -> (a sibling GPU no slower on any decode-attention shape, why): rows of the GPU's decode-attention
+tables above ``SIBLING_MAX_RATIO`` x the sibling's time on the same shape measured something else."""
+SIBLING_MAX_RATIO = 1.25
+"""Tolerance of the sibling check: run-to-run spread of a kernel time (p90 of H200/H100 on 8 KV heads: 1.02)."""
+FP8_GEMM_BF16_BOUND: dict[str, str] = {
+    "b200-180g-sxm":
+        "its fp8 GEMM table runs no faster than its bf16 one (time bf16/fp8 0.97x at m <= 16, 1.03x at m 64-256, "
+        "0.83x at m >= 1024: fp8_gemm_speedup) where every other fp8 part's is 1.05-1.76x faster, and the "
+        "datasheet gives B200 Hopper's 2:1 fp8:bf16 rate. Served B200 fp8 70B runs are faster than this table "
+        "allows (validate: TPOT +11%, TTFT +25% bias with the bound; H100's per-shape fp8 gain applied to B200's "
+        "bf16 table instead overshoots: TPOT -14%, TTFT -10%); the bound is the part of that which the data "
+        "prove: fp8 is never served where it loses to bf16",
+}
+"""GPU -> why: parts whose fp8 GEMM table measured a kernel that is slower than the same GPU's bf16 GEMM on some
+shapes. An fp8 GEMM moves half the bytes at twice the tensor rate, and a deployment does not serve fp8 where it
+loses to bf16: both fits stay on their own tables, and the fitted ``Efficiency`` says
+``gemm_fp8_bf16_bound``, so the cost model takes the faster of the two per GEMM."""
+GEMM_DEPTH_TABLES: dict[tuple[str, str], str] = {
+    ("l40s-48g", "gemm"): "median 11.5% -> 9.5%: the size/width fit over-predicts k <= 128 by 1.17-1.30x",
+}
+"""(GPU, GEMM family) -> why: tables fitted with a depth curve (``OpFit.depth``). On the others it gains < 1 point
+(0.0-0.8) and moved validate --quick (70B fp8 H100 TTFT 9.4 -> 11.0%): they keep the size/width fit."""
+GEMM_EPILOGUE_TABLES: dict[tuple[str, str], str] = {
+    ("l40s-48g", "gemm_fp8"): "k <= 128 ran 1.4-1.6x slower than the size/width fit (k >= 2,048: 0.94-1.0x)",
+}
+"""(GPU, GEMM family) -> why: tables fitted with a time per output element (``OpFit.output_ns``)."""
+
+__all__ = ["EXCLUDED_TABLES", "FP8_GEMM_BF16_BOUND", "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "SIBLING_GPUS",
+           "SIBLING_MAX_RATIO"]
