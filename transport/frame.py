@@ -466,7 +466,7 @@ class FrameDecoder:
         if self.direct is not None and not out:
             self.direct.on_small_push(t, b, (start, stop), rid, x, payload, lease, psum if n else 0, name, intact)
         else:
-            meta = {"t": t, "i": 0, "b": b, "l": [start, stop], "r": rid, "n": 1, "c": True, "x": x}
+            meta = small_push_meta(t, b, start, stop, x, rid)
             out.append(Frame(PUSH_DATA, meta, payload, lease, psum if n else 0, name, intact, True))
         return True
 
@@ -501,7 +501,7 @@ class Header:
         if self.compact:
             return {"t": self.checksum, "ok": True}
         if self.small:
-            return _small_meta(meta_b)
+            return small_push_meta(*_small_fields(meta_b))
         return _unpack_meta(meta_b)
 
 
@@ -531,9 +531,8 @@ _FLAG_USE = {COMPACT: " (compact is for an ACK without metadata or payload)",
              SMALL: f" (small is for a PUSH_DATA with at least {SMALL_META_SIZE} bytes of metadata)"}
 
 
-def _small_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
-    """A small push's fixed metadata as the map a msgpack PUSH_DATA of one block carries (types checked)."""
-    t, b, start, stop, x, r = _small_fields(meta_b)
+def small_push_meta(t: int, b: int, start: int, stop: int, x: float, r: str) -> dict[str, Any]:
+    """A small push's fields as the map a msgpack PUSH_DATA of one block carries."""
     return {"t": t, "i": 0, "b": b, "l": [start, stop], "r": r, "n": 1, "c": True, "x": x}
 
 

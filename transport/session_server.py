@@ -33,6 +33,7 @@ from transport.frame import (
     field_int_list,
     field_layers,
     field_str,
+    small_push_meta,
 )
 from transport.pool import Lease
 
@@ -170,7 +171,7 @@ class Server:
         """A small push straight from the decoder (decoded, its fields type-checked, its payload verified:
         ``intact``), answered and delivered in the read callback that completed it."""
         if t in self.staged:  # a peer reusing the id of a push being staged: the general path says what is wrong
-            meta = {"t": t, "i": 0, "b": b, "l": list(layers), "r": request_id, "n": 1, "c": True, "x": expires_at}
+            meta = small_push_meta(t, b, *layers, expires_at, request_id)
             self.on_frame(Frame(PUSH_DATA, meta, payload, lease, checksum, algo, intact, True))
             return
         self._commit_one(t, b, layers, request_id, expires_at, payload, lease, checksum, algo, intact)
@@ -198,7 +199,7 @@ class Server:
                                  (Block.decoded(b, payload.toreadonly(), layers, checksum, algo),), (lease,))
 
     def on_ack(self, tid: int) -> None:
-        raise FrameError("an initiator sent a ACK frame, which only servers send")
+        raise FrameError("an initiator sent an ACK frame, which only servers send")
 
     def _end(self, t: int, request_id: str, n: int, commit: bool, expires_at: float | None) -> None:
         st = self.staged.pop(t, None) or Staged()
