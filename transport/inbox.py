@@ -59,6 +59,24 @@ class Inbox:
         if ev is not None:
             ev.set()
 
+    def deliver_keyed(self, request_id: RequestId, table: dict[tuple[int, tuple[int, int]], Block]) -> None:
+        """``deliver`` of blocks without leases that the caller already keyed by ``(block_id, layers)`` (the
+        inproc push, which builds the table in the pass that checks its blocks: one loop over them, not
+        two). The inbox takes ``table`` over: the caller must not use it afterwards."""
+        if self._closed:
+            return
+        old = self._entries.get(request_id)
+        if old is None:  # the common case: the request's first delivery
+            self._entries[request_id] = table
+        elif request_id in self._leases:  # replacing blocks that hold buffers: release those
+            self.deliver(request_id, list(table.values()))
+            return
+        else:
+            old.update(table)
+        ev = self._changed.get(request_id)
+        if ev is not None:
+            ev.set()
+
     def count(self, request_id: RequestId) -> int:
         table = self._entries.get(request_id)
         return 0 if table is None else len(table)

@@ -250,3 +250,29 @@ def test_inbox_is_idempotent_per_block() -> None:
     assert [bytes(b.payload) for b in got.blocks] == [bytes(again[0].payload), bytes(first[1].payload)]
     got.release()
     assert sorted(released) == [1, 2, 3]
+
+
+async def test_inproc_push_keys_blocks_like_deliver(pair) -> None:
+    """The inproc push keys its blocks as it checks them (``Inbox.deliver_keyed``): a block pushed twice in one
+    push or again in a retried push counts once and the last copy wins; blocks that held a buffer are released
+    when a keyed push replaces them."""
+    a, b, addr = pair
+    first, again = blocks(2), blocks(2, seed=1)
+    await a.push(addr, R, [first[0], again[0], first[1]])  # block 0 twice in one push: the later copy stays
+    assert b.inbox.count(R) == 2
+    await a.push(addr, R, [again[1]])  # a retry of block 1
+    got = await b.receive(R, count=2)
+    assert [bytes(g.payload) for g in got.blocks] == [bytes(again[0].payload), bytes(again[1].payload)]
+    got.release()
+
+    released: list[int] = []
+
+    class Lease:
+        def release(self) -> None:
+            released.append(1)
+
+    b.inbox.deliver(R, first[:1], [Lease()])  # as a socket backend delivers: the block holds a buffer
+    await a.push(addr, R, again[:1])
+    assert released == [1] and b.inbox.count(R) == 1
+    with await b.receive(R) as got:
+        assert bytes(got.blocks[0].payload) == bytes(again[0].payload)
