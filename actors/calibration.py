@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import yaml
 from scipy.optimize import least_squares
 
+from actors.calibration_routing import moe_table_work
 from actors.calibration_tables import (
     EXCLUDED_TABLES,
     FP8_GEMM_BF16_BOUND,
@@ -43,7 +44,7 @@ from actors.calibration_tables import (
     SIBLING_GPUS,
     SIBLING_MAX_RATIO,
 )
-from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes, moe_work
+from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes
 from config.catalog import PRESETS_DIR, Catalog
 from config.hardware import COMPUTE_KNOTS, DEPTH_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
 
@@ -230,15 +231,13 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     if t is None:
         return None
     # vLLM's Triton fused MoE (named per quantization method from 0.22 on); uniform routing ("balanced"),
-    # or the mildest power law where a table has no balanced rows (A100's).
+    # or the mildest power law where a table has no balanced rows (A100's), predicted with the work of the
+    # routing it measured (``actors.calibration_routing``).
     triton = np.array(["fused_moe" in k or "tritonexperts" in k for k in t["kernel_source"]], dtype=bool)
     dist = "balanced" if np.any(t["distribution"] == "balanced") else "power_law_1.01"
     t = _where(t, (t["moe_dtype"] == dtype) & (t["distribution"] == dist) & triton)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
-    rows = zip(t["num_tokens"], t["hidden_size"], t["inter_size"], t["topk"], t["num_experts"], t["moe_tp_size"],
-               t["moe_ep_size"], strict=True)
-    work = np.array([moe_work(float(nt), int(hd), int(it), int(k), int(e), int(tp), int(ep), wb)
-                     for nt, hd, it, k, e, tp, ep in rows]).reshape(-1, 4)
+    work = moe_table_work(t, dist, wb)
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
                     t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
 

@@ -118,7 +118,8 @@ def gemm_bytes(m: Num, n: Num, k: Num, weight_bytes: float) -> Num:
 
 
 def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int,
-             weight_bytes: float, gated: bool = True) -> tuple[float, float, float, float]:
+             weight_bytes: float, gated: bool = True, pairs: float | None = None,
+             touched: float | None = None) -> tuple[float, float, float, float]:
     """FLOPs, bytes, size (token-expert pairs routed to the rank) and parallel width (touched experts x
     their width) of one fused-MoE call on one rank.
 
@@ -134,14 +135,18 @@ def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp
     ``[tokens, topk, hidden]`` (zeros again for remote experts) and ``moe_sum`` reads it back
     (``vllm/model_executor/layers/fused_moe/fused_moe.py``). With wide EP these writes, not the expert
     GEMMs, set the time: the 256-expert tables' time at 16,384 tokens stops falling at EP 64-256.
+
+    ``pairs`` and ``touched`` replace the uniform routing's pairs on the rank and distinct local experts read
+    where the routing is known to be otherwise (an op table's skewed rows: ``actors.calibration_routing``).
     """
     local = experts / ep
     routed = tokens * topk
-    pairs = routed / ep
+    pairs = routed / ep if pairs is None else pairs
     width = inter / tp
     mats = 3 if gated else 2
     up = (mats - 1) * width
-    touched = local * (1.0 - (1.0 - topk / experts) ** tokens)
+    if touched is None:
+        touched = local * (1.0 - (1.0 - topk / experts) ** tokens)
     flops = 2.0 * pairs * mats * hidden * width
     weights = touched * mats * hidden * width * weight_bytes
     nbytes = weights + (pairs * (hidden + width) + routed * (2 * up + width + 2 * hidden)) * ACTIVATION_BYTES
