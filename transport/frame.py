@@ -73,6 +73,7 @@ import xxhash
 
 from transport.base import FrameError
 from transport.checksum import ALGO_IDS, ALGO_NAMES, ChecksumName, checksum_of
+from transport.frame_fields import unpack_meta
 from transport.pool import BufferPool, Lease
 
 MAGIC = b"KVMF"
@@ -101,6 +102,8 @@ _SMALL_META = struct.Struct("<QQIIdB")
 """The fixed part of a small push's metadata: t, b mod 2**64, layer start, layer stop, x, b negative."""
 _2_64 = 1 << 64
 SMALL_META_SIZE = _SMALL_META.size
+_SMALL_FRAME = struct.Struct(HEADER.format + _SMALL_META.format[1:])
+"""A small push's header and fixed metadata, read by the decoder in one call."""
 
 
 class FrameType(IntEnum):
@@ -442,7 +445,11 @@ class FrameDecoder:
         """Decode the small push staged whole at ``r`` in one step, without a Header (the common KV push);
         False (nothing consumed) when it is not staged whole, the pool has no buffer, or its header is
         not a valid small push: the general path then decodes it, waits, or says what is wrong."""
-        magic, version, ftype, algo, _, meta_len, n, psum, crc = HEADER.unpack_from(self._stage, r)
+        fixed = r + HEADER_SIZE + SMALL_META_SIZE
+        if fixed > self._w:
+            return False
+        magic, version, ftype, algo, _, meta_len, n, psum, crc, t, b, start, stop, x, negative = (
+            _SMALL_FRAME.unpack_from(self._stage, r))  # header and fixed metadata in one call
         body = r + HEADER_SIZE + meta_len
         if (magic != MAGIC or version != VERSION or ftype != PUSH_DATA or algo not in ALGO_NAMES
                 or not SMALL_META_SIZE <= meta_len <= self.limits.max_meta_bytes or n > self.limits.max_payload
@@ -451,7 +458,13 @@ class FrameDecoder:
         view = self._stage_view
         if zlib.crc32(view[r + HEADER_SIZE:body], zlib.crc32(view[r:r + 28])) != crc:
             raise FrameError("frame header checksum mismatch (corrupt or not a kvmesh stream)")
-        t, b, start, stop, x, rid = _small_fields(view[r + HEADER_SIZE:body])
+        if start >= stop or negative:  # an empty layer range or a negative id: checked (or refused) in full
+            t, b, start, stop, x, rid = _small_fields(view[r + HEADER_SIZE:body])
+        else:
+            try:
+                rid = str(view[fixed:body], "utf-8")
+            except UnicodeDecodeError as e:
+                raise FrameError("small push request id is not UTF-8") from e
         name = ALGO_NAMES[algo]
         lease = None
         payload = _EMPTY
@@ -502,7 +515,7 @@ class Header:
             return {"t": self.checksum, "ok": True}
         if self.small:
             return small_push_meta(*_small_fields(meta_b))
-        return _unpack_meta(meta_b)
+        return unpack_meta(meta_b)
 
 
 def parse_header(head: bytes | memoryview, limits: Limits) -> Header:
@@ -550,50 +563,3 @@ def _small_fields(meta_b: bytes | memoryview) -> tuple[int, int, int, int, float
     except UnicodeDecodeError as e:
         raise FrameError("small push request id is not UTF-8") from e
     return t, b, start, stop, x, r
-
-
-def _unpack_meta(meta_b: bytes | memoryview) -> dict[str, Any]:
-    try:
-        meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack raises several unrelated classes on garbage
-        raise FrameError(f"frame metadata is not valid msgpack: {type(e).__name__}") from e
-    if not isinstance(meta, dict):
-        raise FrameError(f"frame metadata must be a map, got {type(meta).__name__}")
-    return meta
-
-
-def field_int(meta: dict[str, Any], key: str) -> int:
-    """``meta[key]`` as an int, or FrameError naming the field."""
-    v = meta.get(key)
-    if type(v) is not int:
-        raise FrameError(f"frame field {key!r} must be an integer, got {type(v).__name__}")
-    return v
-
-
-def field_str(meta: dict[str, Any], key: str) -> str:
-    v = meta.get(key)
-    if not isinstance(v, str):
-        raise FrameError(f"frame field {key!r} must be a string, got {type(v).__name__}")
-    return v
-
-
-def field_bool(meta: dict[str, Any], key: str) -> bool:
-    v = meta.get(key)
-    if not isinstance(v, bool):
-        raise FrameError(f"frame field {key!r} must be a boolean, got {type(v).__name__}")
-    return v
-
-
-def field_layers(meta: dict[str, Any], key: str = "l") -> tuple[int, int]:
-    v = meta.get(key)
-    if (not isinstance(v, list) or len(v) != 2 or type(v[0]) is not int or type(v[1]) is not int
-            or not 0 <= v[0] < v[1]):
-        raise FrameError(f"frame field {key!r} must be a layer range [start, stop] with 0 <= start < stop")
-    return v[0], v[1]
-
-
-def field_int_list(meta: dict[str, Any], key: str) -> list[int]:
-    v = meta.get(key)
-    if not isinstance(v, list) or any(type(x) is not int for x in v):
-        raise FrameError(f"frame field {key!r} must be a list of integers")
-    return v

@@ -38,9 +38,8 @@ from transport.frame import (
     Frame,
     FrameType,
     encode_small_push,
-    field_int,
-    field_layers,
 )
+from transport.frame_fields import field_int, field_layers
 from transport.pool import Lease
 
 if TYPE_CHECKING:

@@ -28,13 +28,9 @@ from transport.frame import (
     Frame,
     FrameType,
     encode_ack,
-    field_bool,
-    field_int,
-    field_int_list,
-    field_layers,
-    field_str,
     small_push_meta,
 )
+from transport.frame_fields import field_bool, field_int, field_int_list, field_layers, field_str
 from transport.pool import Lease
 
 if TYPE_CHECKING:
