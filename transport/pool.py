@@ -37,7 +37,7 @@ class Lease:
         self._pool: BufferPool | None = pool
         self.buffer = buffer
         self.nbytes = nbytes
-        self.view = memoryview(buffer)[:nbytes]
+        self.view = memoryview(buffer) if nbytes == len(buffer) else memoryview(buffer)[:nbytes]  # one view, not two
 
     @property
     def released(self) -> bool:
