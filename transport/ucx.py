@@ -131,6 +131,22 @@ class _Slot:
         """The payload's verdict when the worker's verifier checked it (None: check it on delivery)."""
 
 
+class _CtrlRecv:
+    """One posted control receive: its buffer (with the view and ucxx ``Array`` over it, made once, since it
+    is posted again as soon as it is parsed), whether it arrived, the parse offset and the batch's end."""
+
+    __slots__ = ("arr", "arrived", "buf", "done", "end", "pos", "view")
+
+    def __init__(self, size: int) -> None:
+        self.buf = bytearray(size)
+        self.view = memoryview(self.buf)
+        self.arr = UcxWorker.array(self.buf)
+        self.arrived = False
+        self.pos = 0
+        self.end = 0
+        self.done: Callable[[BaseException | None], None] | None = None
+
+
 class UcxConnection:
     """One UCX connection carrying frames (see the module docstring); implements ``session.Connection``."""
 
@@ -150,8 +166,8 @@ class UcxConnection:
         self._on_frame_error = on_frame_error
         self.bye_on_close = False
         """Send a goodbye before closing (an endpoint without error handling tells its peer nothing)."""
-        self._ctrl: collections.deque[list[Any]] = collections.deque()
-        """Posted control receives in order: [buffer, arrived, parse offset]."""
+        self._ctrl: collections.deque[_CtrlRecv] = collections.deque()
+        """Posted control receives, in order."""
         self._frames: collections.deque[_Slot] = collections.deque()
         self._unlisten: Callable[[], None] | None = None
         self._delivering = False
@@ -163,7 +179,9 @@ class UcxConnection:
         self.handler = make_handler(self)
         self._ctrl_size = _BATCH_LEN.size + HEADER_SIZE + limits.max_meta_bytes + INLINE_MAX
         for _ in range(CONTROL_RING):
-            self._post_ctrl([bytearray(self._ctrl_size), False, 0])
+            entry = _CtrlRecv(self._ctrl_size)
+            entry.done = functools.partial(self._ctrl_done, entry)
+            self._post_ctrl(entry)
 
     @property
     def alive(self) -> bool:
@@ -245,48 +263,48 @@ class UcxConnection:
             await self._space.wait()
 
     # -- receiving -------------------------------------------------------------------------------
-    def _post_ctrl(self, entry: list[Any]) -> None:
-        entry[1], entry[2] = False, 0
+    def _post_ctrl(self, entry: _CtrlRecv) -> None:
+        entry.arrived, entry.pos, entry.end = False, 0, 0
         self._ctrl.append(entry)
-        self.w.recv(self.ep, entry[0], self.tag_ctrl_in, functools.partial(self._ctrl_done, entry))
+        assert entry.done is not None
+        self.w.recv(self.ep, entry.buf, self.tag_ctrl_in, entry.done, entry.arr)
 
-    def _ctrl_done(self, entry: list[Any], exc: BaseException | None) -> None:
+    def _ctrl_done(self, entry: _CtrlRecv, exc: BaseException | None) -> None:
         if self._closed:
             return
         if exc is not None:
             self._lose(exc)
             return
-        entry[1] = True
+        entry.arrived = True
         self._pump()
 
     def _pump(self) -> None:
         """Parse arrived control batches in order; inline payloads are copied into pooled buffers, others
         get their receive posted into one (data messages arrive in the order their headers were parsed)."""
         try:
-            while not self._closed and self._ctrl and self._ctrl[0][1] and self._unlisten is None:
+            while not self._closed and self._ctrl and self._ctrl[0].arrived and self._unlisten is None:
                 entry = self._ctrl[0]
-                view = memoryview(entry[0])
-                if entry[2] == 0:
+                view = entry.view
+                if entry.pos == 0:
                     (n,) = _BATCH_LEN.unpack_from(view)
                     if n > len(view) - _BATCH_LEN.size:
                         raise FrameError(f"control batch of {n} bytes overruns its {len(view)}-byte buffer")
-                    entry[2] = _BATCH_LEN.size
-                    entry.append(_BATCH_LEN.size + n)
-                end = entry[3]
-                while entry[2] < end:
+                    entry.pos = _BATCH_LEN.size
+                    entry.end = _BATCH_LEN.size + n
+                end = entry.end
+                while entry.pos < end:
                     if not self._parse_one(view, entry, end):
                         return  # waiting for the pool
                 self._ctrl.popleft()
-                del entry[3:]
                 self._post_ctrl(entry)
         except FrameError as e:
             self._frame_error(e)
             return
         self._deliver()
 
-    def _parse_one(self, view: memoryview, entry: list[Any], end: int) -> bool:
+    def _parse_one(self, view: memoryview, entry: _CtrlRecv, end: int) -> bool:
         """Parse the frame at ``entry``'s offset; False (offset unchanged) while the pool has no buffer."""
-        pos = entry[2]
+        pos = entry.pos
         if end - pos < HEADER_SIZE:
             raise FrameError("control batch ends inside a frame header")
         h = parse_header(view[pos:pos + HEADER_SIZE], self.limits)
@@ -315,7 +333,7 @@ class UcxConnection:
                 slot.done = True
             else:
                 self.w.recv(self.ep, lease.view, self.tag_data_in, functools.partial(self._data_done, slot))
-        entry[2] = stop
+        entry.pos = stop
         return True
 
     def _pool_released(self) -> None:
