@@ -6,7 +6,8 @@ A100). For each calibrated GPU and op family (``OP_FAMILIES``) one ``OpFit`` is 
 latency, a corner sharpness and two efficiency curves (compute by op size, memory by bytes), with the
 FLOPs and bytes of each row computed by the same functions the cost model uses (``gemm_bytes``,
 ``moe_work``, the attention formulas below), so a fitted curve means the same thing at fit and at use.
-GEMM tables named in ``GEMM_DEPTH_TABLES`` also fit a factor by k (``OpFit.depth``), those in
+GEMM tables named in ``GEMM_DEPTH_TABLES`` also fit a factor by k (``OpFit.depth``; decode attention in
+``CONTEXT_DEPTH_TABLES`` the same factor by context), those in
 ``GEMM_EPILOGUE_TABLES`` a time per output element (``OpFit.output_ns``); ``actors.calibration_tables`` says why.
 
 The fit minimises the log ratio predicted / measured with a soft-L1 loss over a seeded subsample of
@@ -37,6 +38,7 @@ from scipy.optimize import least_squares
 
 from actors.calibration_routing import moe_table_work
 from actors.calibration_tables import (
+    CONTEXT_DEPTH_TABLES,
     EXCLUDED_TABLES,
     FP8_GEMM_BF16_BOUND,
     GEMM_DEPTH_TABLES,
@@ -221,8 +223,10 @@ def _attention(root: Path, hw: HardwareProfile, prefill: bool, kv_dtype: str = "
             resident = b * ctx * kv_bytes <= hw.l2_cache_mb * 1e6
     family = ("attention_prefill" if prefill else "attention_decode") + ("_fp8" if kv_dtype == "fp8" else "")
     note = f" ({left_out} rows slower than {sibling[0]}'s left out)" if sibling and left_out else ""
+    depth = ctx if not prefill and (hw.name, family) in CONTEXT_DEPTH_TABLES else None  # a decode reduces over ctx
     return _samples(family, f"{family} vLLM {ver.name if ver else '?'}{note}", flops, nbytes, size, t,
-                    hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width, l2_resident=resident)
+                    hw.tflops("bf16") * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=width, l2_resident=resident,
+                    depth=depth)
 
 
 def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
@@ -568,7 +572,7 @@ def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardw
 
 
 def _fit_line(key: str, fit: OpFit, indent: str) -> str:
-    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns") or v}  # GEMM-only terms
+    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns") or v}  # where fitted only
     body = json.dumps(dump, separators=(", ", ": "))
     return f"{indent}{key}: {body}"
 

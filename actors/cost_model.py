@@ -359,7 +359,8 @@ class RooflineCostModel:
             flops = self._attn_flops_pair * shape.decode_context
             nbytes = shape.decode_context * self._kv_bytes_layer + 2 * shape.decode_seqs * self._q * ACTIVATION_BYTES
             t += self._decode_attn.ms(flops, nbytes, shape.decode_seqs, self._attn_flops, self._hbm,
-                                              shape.decode_seqs * self._kv_heads)
+                                      shape.decode_seqs * self._kv_heads,
+                                      depth=shape.decode_context / shape.decode_seqs)  # mean context
         return t
 
     def layer_kernels_ms(self, tokens: int) -> float:

@@ -69,7 +69,8 @@ class OpFit(Frozen):
     depth: list[Annotated[float, Field(ge=1.0, le=16.0)]] = Field(default_factory=list)
     """Factor on both efficiencies by a GEMM's reduction depth k (``DEPTH_KNOTS``), 1 at the deepest knot and
     non-increasing in k, so that time never falls as k grows (FLOPs grow with k, bytes do not fall); the
-    compute efficiency it scales stays <= 1. Empty: 1 (every family but the GEMMs)."""
+    compute efficiency it scales stays <= 1. A decode attention's depth is its (mean) context, each query
+    reducing over its sequence's KV (``actors.calibration_tables.CONTEXT_DEPTH_TABLES``). Empty: 1."""
     output_ns: NonNegativeFloat = 0.0
     """Time per output element of a GEMM (``outputs`` = m x n): an epilogue's per-element work (fp8: the
     per-token x per-channel dequantization before the 16-bit write) that the bytes curve, keyed by all the

@@ -26,6 +26,7 @@ from actors.calibration import (
     op_error,
     write_presets,
 )
+from actors.calibration_tables import CONTEXT_DEPTH_TABLES
 from actors.cost_model import RooflineCostModel, gemm_bytes
 from actors.splitwise_report import load_points, splitwise_report
 from config import default_catalog
@@ -176,7 +177,7 @@ def test_fitted_curves_grow_no_faster_than_time_allows() -> None:
             assert np.all(m[1:] / m[:-1] <= np.exp(MAX_MEMORY_STEP) * 1.001), (name, fam)
             d = np.array(fit.depth)
             assert (len(d) == len(DEPTH_KNOTS) and d[-1] == 1.0 and np.all(np.diff(d) <= 0)) if (
-                name, fam) in GEMM_DEPTH_TABLES else len(d) == 0, (name, fam)
+                name, fam) in GEMM_DEPTH_TABLES | CONTEXT_DEPTH_TABLES else len(d) == 0, (name, fam)
 
 
 def test_gpus_without_tables_borrow_from_their_architecture_family() -> None:
