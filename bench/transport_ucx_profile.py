@@ -74,7 +74,7 @@ from bench._transport_baselines import (
 )
 from bench.transport import gbps, push_latency, push_throughput
 from transport import TransportOptions
-from transport.ucx_worker import IDLE_POLL_S, SPIN_S, UcxWorker
+from transport.ucx_worker import SPIN_S, UcxWorker
 
 HERE = Path(__file__).resolve()
 _workers: list[ProfiledWorker] = []
@@ -109,28 +109,12 @@ class ProfiledWorker(UcxWorker):
             self.cpu["callbacks"] += time.thread_time() - a
 
     async def _sleep(self) -> bool:
-        if not self.worker.arm():
+        t0 = time.perf_counter()
+        slept = await super()._sleep()
+        if not slept:
             self.not_armed += 1
             return False
-        self.sleeps += 1
-        kick = self._kick = self.loop.create_future()
-        how = ["post"]
-
-        def readable() -> None:
-            how[0] = "fd"
-            if not kick.done():
-                kick.set_result(None)
-
-        t0 = time.perf_counter()
-        self.loop.add_reader(self._fd, readable)
-        try:
-            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
-        except TimeoutError:
-            how[0] = "idle_poll"
-        finally:
-            self.loop.remove_reader(self._fd)
-            self._kick = None
-        self.sleep_ends[how[0]].append((time.perf_counter() - t0) * 1e6)
+        self.sleep_ends[self.woke_by].append((time.perf_counter() - t0) * 1e6)
         return True
 
     def report(self) -> dict[str, Any]:

@@ -35,6 +35,11 @@ payload: 92 -> 58 us (one run each, host loaded). Locked A/B, alternated, 64 MiB
 / bare loop median GB/s, load 3-7 (direction only), with the other cuts of that commit (tags and control
 buffers' ``Array`` made once): sm 0.48, 0.40 -> 0.54, 0.48; tcp 0.59, 0.55 -> 0.58, 0.67.
 
+A sleep is one future, the fd's reader and a timer handle (it was ``wait_for`` over ``shield``: a task and
+two more futures per sleep, on both sides of every 4 KiB push). ``bench/transport_ucx_profile.py
+--quick``, locked, alternated with the code before, load 4-5 (direction only): 4 KiB push p50 sm 495,
+395 -> 442, 347 us; tcp 559, 407 -> 467, 468 us.
+
 UCX's defaults, not ucxx's GPU-oriented ones: importing ucxx sets ``UCX_MAX_RNDV_RAILS=1``,
 ``UCX_RNDV_THRESH=8192`` and ``UCX_RNDV_FRAG_MEM_TYPE=cuda`` in the environment; where those are
 ucxx's values (not the user's) the context is created with UCX's own defaults instead (:func:`ucx_config`).
@@ -136,7 +141,9 @@ class UcxWorker:
         self._channels: dict[tuple[Any, ...], collections.deque[tuple[Any, Done, Any]]] = {}
         self._tags: dict[int, Any] = {}
         self._outstanding = 0
-        self._kick: asyncio.Future[None] | None = None
+        self._kick: asyncio.Future[str | None] | None = None
+        self.woke_by = ""
+        """How the last sleep ended: ``fd`` (UCX signalled), ``post`` (a request was posted), ``idle_poll``."""
         self._fresh = False
         """A request was posted since the last scan for completions."""
         self._completed = False
@@ -271,23 +278,34 @@ class UcxWorker:
 
     async def _sleep(self) -> bool:
         """Arm the worker and wait for its fd, a new request, or the idle poll (whichever comes first);
-        False, at once, when the worker refused to arm (events are pending)."""
+        False, at once, when the worker refused to arm (events are pending). How the wait ended is left in
+        ``woke_by`` (``fd``, ``post`` or ``idle_poll``).
+
+        One future, a reader and a timer handle per sleep (not ``wait_for`` over ``shield``, which made a
+        task and two more futures): a sleep and its wake-up sit on every 4 KiB push's path, both sides.
+        """
         if not self.worker.arm():
             return False
         self.sleeps += 1
-        kick = self._kick = self.loop.create_future()
+        loop = self.loop
+        kick: asyncio.Future[str | None] = loop.create_future()
+        self._kick = kick
 
         def readable() -> None:
             if not kick.done():
-                kick.set_result(None)
+                kick.set_result("fd")
 
-        self.loop.add_reader(self._fd, readable)
+        def idle() -> None:
+            if not kick.done():
+                kick.set_result("idle_poll")
+
+        loop.add_reader(self._fd, readable)
+        timer = loop.call_later(IDLE_POLL_S, idle)
         try:
-            await asyncio.wait_for(asyncio.shield(kick), IDLE_POLL_S)
-        except TimeoutError:
-            pass
+            self.woke_by = await kick or "post"
         finally:
-            self.loop.remove_reader(self._fd)
+            timer.cancel()
+            loop.remove_reader(self._fd)
             self._kick = None
         return True
 
