@@ -38,6 +38,7 @@ from scipy.optimize import least_squares
 
 from actors.calibration_routing import moe_table_work
 from actors.calibration_tables import (
+    BALANCED_ROUTING_TABLES,
     CONTEXT_DEPTH_TABLES,
     EXCLUDED_TABLES,
     FP8_GEMM_BF16_BOUND,
@@ -234,14 +235,14 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     t = _table(ver, "moe_perf.parquet")
     if t is None:
         return None
-    # vLLM's Triton fused MoE (named per quantization method from 0.22 on); uniform routing ("balanced"),
-    # or the mildest power law where a table has no balanced rows (A100's), predicted with the work of the
-    # routing it measured (``actors.calibration_routing``).
+    # vLLM's Triton fused MoE (named per quantization method from 0.22 on); "balanced" routing, or the mildest
+    # power law where a table has no balanced rows (A100's), predicted with the work of the routing it measured on
+    # the timed rank (``actors.calibration_routing``; balanced rows where ``BALANCED_ROUTING_TABLES`` says).
     triton = np.array(["fused_moe" in k or "tritonexperts" in k for k in t["kernel_source"]], dtype=bool)
     dist = "balanced" if np.any(t["distribution"] == "balanced") else "power_law_1.01"
     t = _where(t, (t["moe_dtype"] == dtype) & (t["distribution"] == dist) & triton)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
-    work = moe_table_work(t, dist, wb)
+    work = moe_table_work(t, dist, wb, exact_balanced=(hw.name, family) in BALANCED_ROUTING_TABLES)
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
                     t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
 
