@@ -8,7 +8,8 @@ FLOPs and bytes of each row computed by the same functions the cost model uses (
 ``moe_work``, the attention formulas below), so a fitted curve means the same thing at fit and at use.
 GEMM tables named in ``GEMM_DEPTH_TABLES`` also fit a factor by k (``OpFit.depth``; decode attention in
 ``CONTEXT_DEPTH_TABLES`` the same factor by context), those in
-``GEMM_EPILOGUE_TABLES`` a time per output element (``OpFit.output_ns``); ``actors.calibration_tables`` says why.
+``GEMM_EPILOGUE_TABLES`` a time per output element (``OpFit.output_ns``; fused MoE in ``MOE_ROUTED_TABLES`` the
+same per routed pair); ``actors.calibration_tables`` says why.
 
 The fit minimises the log ratio predicted / measured with a soft-L1 loss over a seeded subsample of
 each table (at most ``MAX_FIT_ROWS`` rows); the error is reported on every row. The curves are
@@ -44,6 +45,7 @@ from actors.calibration_tables import (
     FP8_GEMM_BF16_BOUND,
     GEMM_DEPTH_TABLES,
     GEMM_EPILOGUE_TABLES,
+    MOE_ROUTED_TABLES,
     SIBLING_GPUS,
     SIBLING_MAX_RATIO,
 )
@@ -244,7 +246,8 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     work = moe_table_work(t, dist, wb, exact_balanced=(hw.name, family) in BALANCED_ROUTING_TABLES)
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
-                    t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3])
+                    t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3],
+                    outputs=t["num_tokens"] * t["topk"] if (hw.name, family) in MOE_ROUTED_TABLES else None)
 
 
 def _allreduce(root: Path, hw: HardwareProfile) -> dict[int, OpSamples]:

@@ -63,5 +63,15 @@ touched experts under the collector's deterministic routing (``actors.calibratio
 others keep the uniform expectation. H200 gains too (moe 8.2 -> 5.8%, moe_fp8 7.8 -> 5.9%), but its refit made
 validate --quick's Qwen3-235B-FP8 H200 TPOT median 36.9 -> 39.2% (bias already -37%: too fast), so it is left out."""
 
+MOE_ROUTED_TABLES: dict[tuple[str, str], str] = {
+    ("b200-180g-sxm", "moe"): "median 10.6% -> 9.6%: EP 64-256 ran 0.80-0.90x of the fit; at 16,384 tokens on EP 256 "
+                              "B200 takes 1.21 ms, H100 1.17 ms, whatever B200's 2.4x bandwidth",
+    ("b200-180g-sxm", "moe_fp8"): "median 12.7% -> 10.8%, as its 16-bit table",
+}
+"""(GPU, MoE family) -> why: tables fitted with a time per routed pair (``OpFit.output_ns``, outputs = every
+rank's tokens x topk): ``moe_align_block_size`` sorts, and ``fused_moe_kernel`` walks, the whole routed list on
+every rank (an expert another rank holds still gets its blocks, which write zeros), a cost set by the pairs, not
+by bytes or FLOPs. Elsewhere it gains < 1 point (H100 0.2, H200 fp8 0.3)."""
+
 __all__ = ["BALANCED_ROUTING_TABLES", "CONTEXT_DEPTH_TABLES", "EXCLUDED_TABLES", "FP8_GEMM_BF16_BOUND",
-           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "SIBLING_GPUS", "SIBLING_MAX_RATIO"]
+           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "MOE_ROUTED_TABLES", "SIBLING_GPUS", "SIBLING_MAX_RATIO"]

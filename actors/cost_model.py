@@ -422,8 +422,9 @@ class RooflineCostModel:
             flops, nbytes, size, width = moe_work(tokens * self.dp, h, m.expert_width, e.experts_per_token,
                                                   e.num_experts, 1 if self.ep > 1 else tp, self.ep, self._wb,
                                                   m.mlp_gated)
+            routed = tokens * self.dp * e.experts_per_token  # every rank's pairs (OpFit.output_ns: MOE_ROUTED_TABLES)
             per_layer = self.gemm_ms(tokens, e.num_experts, h) + self._moe.ms(flops, nbytes, size, self._gemm_flops,
-                                                                             self._hbm, width)
+                                                                             self._hbm, width, outputs=routed)
             if e.shared_intermediate_size:
                 si = e.shared_intermediate_size / tp
                 per_layer += self.gemm_ms(tokens, 2 * si, h) + self.gemm_ms(tokens, h, si)

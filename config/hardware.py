@@ -74,7 +74,9 @@ class OpFit(Frozen):
     output_ns: NonNegativeFloat = 0.0
     """Time per output element of a GEMM (``outputs`` = m x n): an epilogue's per-element work (fp8: the
     per-token x per-channel dequantization before the 16-bit write) that the bytes curve, keyed by all the
-    op's bytes, does not see when k is short (L40S fp8: the size/width fit runs 1.4-1.6x fast at k <= 128)."""
+    op's bytes, does not see when k is short (L40S fp8: the size/width fit runs 1.4-1.6x fast at k <= 128). For a
+    fused MoE, the time per routed pair of every rank (``outputs`` = tokens x topk: the sort and the walk over the
+    whole routed list, ``actors.calibration_tables.MOE_ROUTED_TABLES``)."""
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""

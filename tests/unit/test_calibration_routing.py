@@ -9,8 +9,11 @@ import pytest
 
 from actors.calibration import OpSamples, fit_op, op_error
 from actors.calibration_routing import balanced_rank0, moe_table_work, power_law_rank0
-from actors.cost_model import moe_work
+from actors.cost_model import RooflineCostModel, moe_work
+from config import default_catalog
 from config.hardware import OpFit
+
+CAT = default_catalog()
 
 
 def test_power_law_rank0_holds_the_most_loaded_groups_pairs_on_fewer_experts() -> None:
@@ -58,3 +61,31 @@ def test_fit_recovers_a_moe_table_timed_under_its_routing(distribution: str) -> 
     err = op_error("x", fit_op(routed), routed)
     assert err.median < 0.02
     assert op_error("x", fit_op(blind), blind).p90 > 3 * max(err.p90, 0.02)  # balanced: only few-token wide-EP rows
+
+
+def test_fit_recovers_a_time_per_routed_pair_and_the_cost_model_pays_it() -> None:
+    # Wide-EP rows whose time carries 5 ns per routed pair of every rank (B200's table: EP 256 as slow as H100's
+    # at 16,384 tokens): the fit finds the term with outputs = tokens x topk, a bytes/FLOPs-only fit cannot.
+    grid = [(nt, ep) for nt in (1, 8, 64, 256, 1024, 4096, 16384) for ep in (1, 4, 16, 64)]
+    work = np.array([moe_work(float(nt), 2048, 768, 8, 128, 1, ep, 2.0) for nt, ep in grid])
+    routed = np.array([nt * 8.0 for nt, _ in grid])
+    peak_f, peak_b = 1e12, 3e9  # per ms: 1 PFLOP/s, 3 TB/s
+    true = OpFit(latency_us=20.0, compute=[0.5] * 16, memory=[0.7] * 12, output_ns=5.0)
+    measured = np.array([true.ms(f, b, z, peak_f, peak_b, outputs=o) for (f, b, z, _), o in zip(work, routed,
+                                                                                               strict=True)])
+    s = OpSamples("moe", "synthetic", work[:, 0], work[:, 1], work[:, 2], measured, peak_f, peak_b, outputs=routed)
+    fit = fit_op(s)
+    assert fit.output_ns == pytest.approx(5.0, rel=0.2)
+    err = op_error("x", fit, s)
+    blind = OpSamples("moe", "synthetic", work[:, 0], work[:, 1], work[:, 2], measured, peak_f, peak_b)
+    assert err.median < 0.02 and op_error("x", fit_op(blind), blind).p90 > 3 * max(err.p90, 0.02)
+
+    hw = CAT.hardware.get("h100-80g-sxm")
+    model = CAT.models.get("qwen3-30b-a3b")
+    assert model.moe is not None
+    flat = hw.efficiency.model_copy(update={"moe": hw.efficiency.moe.model_copy(update={"output_ns": 0.0})})
+    per_pair = hw.efficiency.model_copy(update={"moe": hw.efficiency.moe.model_copy(update={"output_ns": 2.0})})
+    tokens, dp = 64, 2  # EP 2 over DP 2: the fused MoE walks both ranks' pairs
+    extra = (RooflineCostModel(hw, model, 1, per_pair, ep=2).layer_gemms_ms(tokens)
+             - RooflineCostModel(hw, model, 1, flat, ep=2).layer_gemms_ms(tokens))
+    assert extra == pytest.approx(model.moe.moe_layers * tokens * dp * model.moe.experts_per_token * 2.0 / 1e6)
