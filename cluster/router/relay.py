@@ -163,18 +163,19 @@ class Relay:
         return None if st.finished else ENDED_EARLY
 
     def _on_event(self, event: bytes, st: StreamState, rewrite: bool, final: bool) -> bytes:
-        """Track one SSE event (token ids, finish, usage) and return the bytes to send the client."""
+        """Track one SSE event (token ids, finish, usage) and return the bytes to send the client. The event is
+        searched as it came, its JSON not cut out of it first (two copies an event, on every token's path): every
+        pattern below starts with a quote (or is matched from offset 6), so none can match inside ``data: ``."""
         if not event.startswith(b"data: "):
             return b""
-        data = event[6:]
-        if b'"error"' in data[:12]:
+        if event.find(b'"error"', 6, 18) >= 0:
             return b""  # an aborting engine's last words; the flow decides what the client sees
-        if data.startswith(MIGRATED_EVENT):
-            moved = json.loads(data).get("kvmesh_migrated")
+        if event.startswith(MIGRATED_EVENT, 6):
+            moved = json.loads(event[6:]).get("kvmesh_migrated")
             st.moved = moved if isinstance(moved, dict) else {}
             return b""
-        if b'"usage"' in data and b'"choices":[]' in data:
-            u = json.loads(data).get("usage") or {}
+        if b'"usage"' in event and b'"choices":[]' in event:
+            u = json.loads(event[6:]).get("usage") or {}
             st.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
             st.prompt_tokens = st.prompt_tokens or u.get("prompt_tokens")
             if st.cached_tokens:
@@ -182,7 +183,7 @@ class Relay:
             if st.prompt_tokens:
                 self.metrics.prompt_tokens.inc(u.get("prompt_tokens", 0))
             return b""  # re-emitted with the whole stream's counts by finish()
-        m = TOKEN_IDS.search(data)
+        m = TOKEN_IDS.search(event, 6)
         if m and m.group(1):
             st.settle()
             ids = [int(x) for x in m.group(1).split(b",")]
@@ -194,13 +195,13 @@ class Relay:
                 if not ids:
                     return b""
             st.token_ids.extend(ids)
-        if b'"finish_reason":"' in data and final:
+        if b'"finish_reason":"' in event and final:
             st.finished = True
         if not rewrite:
             if st.shapes is None and st.first_event is None:
-                st.first_event = data  # (parsed by ``identify`` if ever needed)
+                st.first_event = event[6:]  # (parsed by ``identify`` if ever needed)
             return event + b"\n\n"
-        obj = json.loads(data)
+        obj = json.loads(event[6:])
         choice = (obj.get("choices") or [{}])[0]
         shapes = st.identify(obj.get("id"), obj.get("created"), obj.get("model"))
         finish = choice.get("finish_reason") if final else None
