@@ -42,6 +42,19 @@ locked, load 2.5, two runs each, alternated with the code before; direction only
 646/651 -> 580/624 us/MiB (callbacks 239/225 -> 314/325 now holding the checks and deliveries, rest
 135/140 -> 34/51), tcp 1017/841 -> 817/804; 4 KiB push p50 sm 659/563 -> 430/697 us, tcp 947/777 ->
 373/389 us. The bare loop's receiver (the same worker) moved too: sm 2.28/2.40 -> 3.78/1.56 GB/s.
+
+Completions reaped after each progress step and the lighter sleep (3356c99, ab05c47), ``--quick``, locked,
+alternated with f3f408a, load 3.5-7 (direction only). Receiver thread us/MiB, kvmesh (bare loop of the
+same run): sm 628 (481), 825 (527) -> 505 (431), 532 (439); tcp 955 (792), 984 (759) -> 904 (622), 663
+(712). ``callbacks`` is not all Python: a payload's receive is posted after its RTS has arrived, so UCX's
+match and the start of the transfer run inside ``tag_recv`` there. Split of kvmesh's sm receiver by thread
+CPU wrappers (``/tmp`` harness, 512 MiB, contended): progress 245-290 us/MiB (the copy), control receive,
+parse and payload-receive posts 80-94 (UCX ``tag_recv`` 35-40 of it), payload landed 90-118 (xxh3 55-75,
+the session server's ``on_frame`` 22-29); the sender 310 us/MiB: ``UcxConnection.send`` 130 (``encode``
+74 with its xxh3 49, the payload's ``tag_send`` about 43), control flushes 25-29 (about one per two 1 MiB
+blocks, ~50 us each), progress and reaps 40, the session's push coroutine and the loop about 115. One full
+garbage collection of the bench's receiver child took 44 ms (its heap is not frozen, unlike the product's
+actors, ``actors.worker.freeze_heap``).
 """
 
 from __future__ import annotations
