@@ -205,8 +205,9 @@ class _EagerBodyRequest(aiohttp.ClientRequest):
 
     if sys.version_info < (3, 12):
         def write_bytes(self, writer: AbstractStreamWriter, conn: Any,
-                        content_length: int | None = None) -> Coroutine[Any, Any, None]:
-            coro = super().write_bytes(writer, conn, content_length)
+                        *args: Any) -> Coroutine[Any, Any, None]:
+            # (``*args``: aiohttp 3.9-3.10 pass (writer, conn), later releases also the content length)
+            coro = super().write_bytes(writer, conn, *args)
             try:
                 waiting = coro.send(None)
             except StopIteration:
