@@ -54,10 +54,10 @@ def test_spaced_words_take_the_fast_cut_with_the_regex_ids(texts: list[tuple[boo
 
 def test_words_past_the_cache_limit_are_still_encoded() -> None:
     tok = Tokenizer(32000)
-    tok._one.update((f"w{i}", 100) for i in range(400_000))  # the caches are full: nothing more is kept
+    tok._after_space.update((f"w{i}", (100,)) for i in range(400_000))  # the cache is full: nothing more is kept
     text = " fresh ab words of two or more pieces"
     assert tok.encode(text) == Tokenizer(32000).encode(text)
-    assert "ab" not in tok._one
+    assert "ab" not in tok._after_space and "fresh" not in tok._after_space
 
 
 def test_only_the_ascii_space_is_both_whitespace_and_printable() -> None:
