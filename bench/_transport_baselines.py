@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import os
 import socket
 import struct
@@ -405,7 +406,11 @@ CHILDREN: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
 
 
 def child_main(kind: str) -> None:
-    """Run the receiver ``kind`` in this process until stdin closes."""
+    """Run the receiver ``kind`` in this process until stdin closes. Every kind, kvmesh's and the bare ones alike,
+    starts with its imports taken out of the cyclic collector's sight, as the product's actors do
+    (``actors.worker.freeze_heap``): one 512 MiB ucx run's unfrozen receiver paid a 44 ms full collection."""
+    gc.collect()
+    gc.freeze()
     if kind == "bare-sink":
         child_bare_sink()
         return
