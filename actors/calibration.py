@@ -48,6 +48,7 @@ from actors.calibration_tables import (
     MOE_ROUTED_TABLES,
     SIBLING_GPUS,
     SIBLING_MAX_RATIO,
+    m_tiles,
 )
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes
 from config.catalog import PRESETS_DIR, Catalog
@@ -152,7 +153,8 @@ def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples
     if t is None:
         return None
     t = _where(t, t["gemm_dtype"] == dtype)
-    m, n, k = (t[c].astype(float) for c in ("m", "n", "k"))
+    tiles = OpFit(m_tiles=m_tiles(hw.name, family))  # m as the kernel runs it (GEMM_TILE_TABLES)
+    m, n, k = np.array([tiles.padded_m(x) for x in t["m"]], dtype=float), t["n"].astype(float), t["k"].astype(float)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
                     m, t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=n,
@@ -518,7 +520,7 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
             src = EXCLUDED_TABLES[(hw_name, fam)][0]
             fits[fam] = _family_fit((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
         else:
-            fits[fam] = fit_op(s)
+            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam)})
     base = hw.efficiency
     upd: dict[str, object] = {fam: fits[fam] for fam in FITTED_FAMILIES if fam in fits}
     for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):
@@ -576,7 +578,7 @@ def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardw
 
 
 def _fit_line(key: str, fit: OpFit, indent: str) -> str:
-    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns") or v}  # where fitted only
+    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns", "m_tiles") or v}  # fitted only
     body = json.dumps(dump, separators=(", ", ": "))
     return f"{indent}{key}: {body}"
 

@@ -43,6 +43,29 @@ GEMM_EPILOGUE_TABLES: dict[tuple[str, str], str] = {
 }
 """(GPU, GEMM family) -> why: tables fitted with a time per output element (``OpFit.output_ns``)."""
 
+GEMM_TILE_TABLES: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}
+"""(GPU, GEMM family) -> (m buckets, why): tables whose kernel dispatch picks a config by m bucket (vLLM's
+cutlass_scaled_mm sm90 fp8: m <= 16, <= 64, <= 128, <= 256, larger) and runs m padded to it: the fit and the
+cost model read the op at ``OpFit.padded_m`` (``OpFit.m_tiles``). Past the last bucket an m that is not a
+multiple of it pays one tile more than its padding (the tables' 256j + 1 rows cost about 256(j + 2): H200 fp8 at
+n = k = 8,192: t(257) 76.8 us, t(512) 50.5, t(768) 73.2; t(769) 151.6, t(1024) 100.0).
+
+Empty for now: the term fits the Hopper fp8 tables ((16, 64, 128, 256); refit of the one gemm_fp8 line,
+calibrate --no-fit) but moves validate --quick by more than a point, so no table takes it yet:
+- H200 gemm_fp8 median 12.7% -> 9.4% (p90 33.7 -> 27.9); validate: Llama-3.1-70B fp8 H200 TTFT 5.8 -> 4.1%,
+  TPOT 4.7 -> 5.9%; Qwen3-235B-FP8 H200 TTFT 7.0 -> 6.3%; Llama-3.1-8B-FP8 H200 (bias +34% / +150%, already
+  too slow) TTFT 34.1 -> 38.4%, TPOT 149.9 -> 157.1%.
+- H100 gemm_fp8 median 9.8% -> 7.8% (p90 31.2 -> 25.6); validate: Llama-3.1-70B fp8 H100 TTFT 9.4 -> 15.6%,
+  TPOT 13.4 -> 13.9%.
+The table only has m = 256j and 256j + 1 past 256, so the extra tile for other unaligned m (a prefill chunk of
+1,000 tokens reads as 1,280) is the untested part, and the first suspect for the TTFT moves."""
+
+
+def m_tiles(hardware: str, family: str) -> list[int]:
+    """The m buckets fitted on (hardware, family)'s table (``GEMM_TILE_TABLES``); empty where none."""
+    return list(GEMM_TILE_TABLES[(hardware, family)][0]) if (hardware, family) in GEMM_TILE_TABLES else []
+
+
 CONTEXT_DEPTH_TABLES: dict[tuple[str, str], str] = {
     ("a100-80g-sxm", "attention_decode"): "median 10.1% -> 9.7% (p90 34.4 -> 28.7): the bytes curve over-predicts "
                                           "contexts of 64-128 tokens by 1.11-1.19x (256-4,096: 0.95x)",
@@ -74,4 +97,5 @@ every rank (an expert another rank holds still gets its blocks, which write zero
 by bytes or FLOPs. Elsewhere it gains < 1 point (H100 0.2, H200 fp8 0.3)."""
 
 __all__ = ["BALANCED_ROUTING_TABLES", "CONTEXT_DEPTH_TABLES", "EXCLUDED_TABLES", "FP8_GEMM_BF16_BOUND",
-           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "MOE_ROUTED_TABLES", "SIBLING_GPUS", "SIBLING_MAX_RATIO"]
+           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "GEMM_TILE_TABLES", "MOE_ROUTED_TABLES", "SIBLING_GPUS",
+           "SIBLING_MAX_RATIO", "m_tiles"]

@@ -7,7 +7,8 @@ bytes / (bandwidth x eff_m(bytes)))``), plus the overheads vLLM v1 has::
     step = layers x (QKV + attention + O + all-reduce + MLP|MoE (+ all-to-all) + all-reduce + small kernels)
            + LM head + step overhead + sequences x request overhead (+ layers x layer overhead unless one graph)
 
-- GEMMs (``gemm``/``gemm_fp8``; their efficiencies also scale by k, ``OpFit.depth``): QKV
+- GEMMs (``gemm``/``gemm_fp8``; their efficiencies also scale by k, ``OpFit.depth``, and T is read at its
+  kernel's m bucket, ``OpFit.padded_m``, where the fit has ``m_tiles``; the LM head keeps its m): QKV
   ``[T, (q + 2 kv)/tp, hidden]``, O ``[T, hidden, q/tp]``, gate/up ``[T, 2 inter/tp, hidden]``, down
   ``[T, hidden, inter/tp]``, LM head ``[seqs, vocab/tp, hidden]``;
   bytes = weights + activations in and out; on a GPU whose fp8 table lost to bf16 (``gemm_fp8_bf16_bound``)
@@ -318,11 +319,13 @@ class RooflineCostModel:
 
     # -- one kernel each ---------------------------------------------------------------------------
     def gemm_ms(self, m: float, n: float, k: float) -> float:
-        t = self._gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, self._wb), m, self._gemm_flops, self._hbm, n,
-                          depth=k, outputs=m * n)
+        mp = self._gemm.padded_m(m)  # the kernel's m bucket (OpFit.m_tiles: GEMM_TILE_TABLES)
+        t = self._gemm.ms(2.0 * mp * n * k, gemm_bytes(mp, n, k, self._wb), mp, self._gemm_flops, self._hbm, n,
+                          depth=k, outputs=mp * n)
         if self._bf16_bound:
-            t = min(t, self.eff.gemm.ms(2.0 * m * n * k, gemm_bytes(m, n, k, ACTIVATION_BYTES), m, self._attn_flops,
-                                        self._hbm, n, depth=k, outputs=m * n))
+            mp = self.eff.gemm.padded_m(m)
+            t = min(t, self.eff.gemm.ms(2.0 * mp * n * k, gemm_bytes(mp, n, k, ACTIVATION_BYTES), mp,
+                                        self._attn_flops, self._hbm, n, depth=k, outputs=mp * n))
         return t
 
     def allreduce_ms(self, tokens: int) -> float:

@@ -77,6 +77,10 @@ class OpFit(Frozen):
     op's bytes, does not see when k is short (L40S fp8: the size/width fit runs 1.4-1.6x fast at k <= 128). For a
     fused MoE, the time per routed pair of every rank (``outputs`` = tokens x topk: the sort and the walk over the
     whole routed list, ``actors.calibration_tables.MOE_ROUTED_TABLES``)."""
+    m_tiles: list[PositiveInt] = Field(default_factory=list)
+    """A GEMM kernel dispatch's m buckets, ascending (``actors.calibration_tables.GEMM_TILE_TABLES``): the GEMM
+    runs the config of the smallest bucket >= m, padded to it (past the last bucket, to a multiple of it), and
+    costs what that padded m costs (``padded_m``; the fit's FLOPs, bytes and size are at the padded m). Empty: m."""
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""
@@ -97,9 +101,22 @@ class OpFit(Frozen):
             raise ValueError(f"parallel needs {len(PARALLEL_KNOTS)} values (one per knot) or none")
         if self.depth and len(self.depth) != len(DEPTH_KNOTS):
             raise ValueError(f"depth needs {len(DEPTH_KNOTS)} values (one per knot) or none")
+        if any(b <= a for a, b in zip(self.m_tiles, self.m_tiles[1:], strict=False)):
+            raise ValueError("m_tiles must be strictly ascending")
         if any(b > a for a, b in zip(self.depth, self.depth[1:], strict=False)):
             raise ValueError("depth must not increase with k (time would fall as k grows)")
         return self
+
+    def padded_m(self, m: float) -> float:
+        """A GEMM's m as its kernel runs it: the smallest bucket of ``m_tiles`` >= m, past the last a multiple
+        of the last (unchanged without buckets or at m <= 0)."""
+        if not self.m_tiles or m <= 0:
+            return m
+        i = bisect.bisect_left(self.m_tiles, m)
+        last = self.m_tiles[-1]
+        if i < len(self.m_tiles):
+            return float(self.m_tiles[i])
+        return float((math.ceil(m / last) + (1 if m % last else 0)) * last)
 
     def compute_eff(self, size: float) -> float:
         return interp(math.log2(max(size, 1.0)), COMPUTE_KNOTS, self.compute)
