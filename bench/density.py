@@ -278,22 +278,16 @@ quiet host the p50 ratio was 0.936 and 0.989: the same effect, smaller."""
 
 
 def ttft_split(summary: dict[str, Any], result: Any) -> dict[str, float | None]:
-    """The client's mean TTFT split in two: the engines' own (emulated ms from each engine's arrival stamp to the
-    step that made the first token: their ``vllm:time_to_first_token_seconds`` over the run, every engine's page
-    summed) and the rest (the router, the HTTP hops, each process's wait for a core). A density effect in the
-    emulation shows in the first; one in the host's scheduling of more processes, in the second."""
-    from cluster.loadtest.scrape import counter_delta, merge
+    """The client's mean TTFT split in two: the engines' own (``engine_ttft_mean_ms``: emulated ms from each
+    engine's arrival stamp to the step that made the first token) and the rest (the router, the HTTP hops, each
+    process's wait for a core). A density effect in the emulation shows in the first; one in the host's
+    scheduling of more processes, in the second."""
+    from cluster.loadtest.scrape import engine_ttft_mean_ms
 
-    before, after = (merge(list(w.values())) for w in (result.before_workers, result.after_workers))
-    total = counter_delta(before, after, f"{TTFT_METRIC}_sum")
-    count = counter_delta(before, after, f"{TTFT_METRIC}_count")
-    engine = total / count * 1000.0 if total is not None and count else None
+    engine = engine_ttft_mean_ms(result.before_workers, result.after_workers)
     client = summary["ttft_ms"].get("mean")
     return {"ttft_mean": client, "engine_ttft_mean": engine,
             "outside_engine_ttft_mean": client - engine if client is not None and engine is not None else None}
-
-
-TTFT_METRIC = "vllm:time_to_first_token_seconds"
 
 
 def invariance_part(quick: bool) -> dict[str, Any]:

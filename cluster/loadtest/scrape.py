@@ -127,6 +127,23 @@ def counter_delta(before: MetricsText | None, after: MetricsText | None, name: s
     return a - (b or 0.0)
 
 
+ENGINE_TTFT = "vllm:time_to_first_token_seconds"
+
+
+def engine_ttft_mean_ms(before_workers: Mapping[str, MetricsText],
+                        after_workers: Mapping[str, MetricsText]) -> float | None:
+    """The engines' own mean TTFT over the run, in emulated ms: from each engine's arrival stamp to the step that
+    made the first token (their ``vllm:time_to_first_token_seconds``, every worker's page summed). What the
+    emulation decided, without the router, the HTTP hops or a process's wait for a core that the client's TTFT
+    also holds; None when the workers' pages lack it or nothing finished a first token."""
+    if not before_workers or not after_workers:
+        return None
+    before, after = merge(list(before_workers.values())), merge(list(after_workers.values()))
+    total = counter_delta(before, after, f"{ENGINE_TTFT}_sum")
+    count = counter_delta(before, after, f"{ENGINE_TTFT}_count")
+    return total / count * 1000.0 if total is not None and count else None
+
+
 def prefix_hit_ratio(before: MetricsText | None, after: MetricsText | None) -> float | None:
     """Hits over queries during the run; None when the counters are absent or nothing was queried."""
     q = counter_delta(before, after, PREFIX_QUERIES)
