@@ -27,6 +27,7 @@ Either way the counts go to ``moe_work`` (``pairs``, ``touched``), which otherwi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -38,6 +39,7 @@ DRAWS = 10
 SEED = 12
 
 
+@functools.cache  # (a pure function of its arguments: a table's model shapes repeat each routing many times)
 def power_law_rank0(tokens: int, topk: int, experts: int, ep: int, alpha: float, draws: int = DRAWS,
                     seed: int = SEED) -> tuple[float, float]:
     """Mean (pairs, experts with at least one pair) on the most-loaded EP rank under aiconfigurator's power-law
@@ -68,6 +70,7 @@ def power_law_rank0(tokens: int, topk: int, experts: int, ep: int, alpha: float,
     return pairs / draws, touched / draws
 
 
+@functools.cache
 def balanced_rank0(tokens: int, topk: int, experts: int, ep: int) -> tuple[float, float]:
     """(pairs, distinct experts) on rank 0 of ``ep`` under aiconfigurator's ``balanced_logits`` (module docstring)."""
     if tokens < 1 or topk < 1 or experts < 1 or ep < 1 or experts % ep:
