@@ -34,27 +34,24 @@ class Inbox:
                 if lease is not None:
                     lease.release()
             return
-        table = self._entries.get(request_id)
         held = self._leases.get(request_id)
         if held is None and (not leases or all(lease is None for lease in leases)):  # nothing to release, now or later
-            if table is None:  # the common case: the request's first delivery
-                self._entries[request_id] = {(b.block_id, b.layers): b for b in blocks}
-            else:
-                table.update({(b.block_id, b.layers): b for b in blocks})
-        else:
-            if table is None:
-                table = self._entries[request_id] = {}
-            if held is None:
-                held = self._leases[request_id] = {}
-            for i, b in enumerate(blocks):
-                key = (b.block_id, b.layers)
-                old = held.pop(key, None)
-                if old is not None:
-                    old.release()
-                table[key] = b
-                lease = leases[i] if i < len(leases) else None
-                if lease is not None:
-                    held[key] = lease
+            self.deliver_keyed(request_id, {(b.block_id, b.layers): b for b in blocks})
+            return
+        table = self._entries.get(request_id)
+        if table is None:
+            table = self._entries[request_id] = {}
+        if held is None:
+            held = self._leases[request_id] = {}
+        for i, b in enumerate(blocks):
+            key = (b.block_id, b.layers)
+            old = held.pop(key, None)
+            if old is not None:
+                old.release()
+            table[key] = b
+            lease = leases[i] if i < len(leases) else None
+            if lease is not None:
+                held[key] = lease
         ev = self._changed.get(request_id)
         if ev is not None:
             ev.set()
