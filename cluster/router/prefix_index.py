@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any, NewType
 
 from actors.engine.tiers.base import MEDIUM_GPU
@@ -163,11 +163,12 @@ class PrefixIndex:
         self.max_pending = max_pending
         self.inflight = inflight
         """Provisional entries this index reconciles as events arrive (``None``: none kept)."""
-        self._holders: dict[int, WorkerId | set[WorkerId]] = {}
-        """By block hash: the one worker that holds it, or a set of them when more than one does (most blocks have
-        one home; a set per block was an object per indexed block for the cyclic collector to scan, a name is
-        none)."""
         self._blocks: dict[WorkerId, set[int]] = {}
+        """By worker: the block hashes it holds. The only map: a ``stored`` or ``removed`` batch is one C call on a
+        worker's set, and a worker's leading overlap is a C walk of its set (``_leading``), no Python per block
+        (a map of holders by block was a Python step per block on every event and every lookup: ~120 us to apply
+        one 136-block ``stored`` frame, ~30 us to walk a 136-block hit). One set per worker: nothing per block
+        for the cyclic collector."""
         self._seq: dict[WorkerId, int] = {}
         self._pending: dict[WorkerId, dict[int, list[list[Any]]]] = {}
         self.needs_resync: set[WorkerId] = set()
@@ -180,11 +181,8 @@ class PrefixIndex:
     # -- feeding -----------------------------------------------------------------------------------
     def apply_snapshot(self, worker: WorkerId, seq: int, hashes: Iterable[int]) -> None:
         """Replace everything known about ``worker`` by its full state as of batch ``seq``."""
-        self._forget(worker)
         blocks = set(hashes)
         self._blocks[worker] = blocks
-        for h in blocks:
-            self._hold(h, worker)
         self._seq[worker] = seq
         self._pending[worker] = {}
         self.needs_resync.discard(worker)
@@ -222,49 +220,16 @@ class PrefixIndex:
             elif kind == "removed" and (medium := medium_of(ev, 2)) != MEDIUM_GPU:
                 self.tiers.removed(worker, medium, ev[1])
             elif kind == "stored":
-                for h in ev[1]:
-                    blocks.add(h)
-                    self._hold(h, worker)
+                blocks.update(ev[1])
                 if self.inflight is not None:
                     self.inflight.confirm(worker, ev[1])
             elif kind == "removed":
-                for h in ev[1]:
-                    blocks.discard(h)
-                    self._unhold(h, worker)
+                blocks.difference_update(ev[1])
             elif kind == "cleared":
-                self._forget(worker)
-                self._blocks[worker] = set()
-
-    def _hold(self, h: int, worker: WorkerId) -> None:
-        holders = self._holders.get(h)
-        if holders is None:
-            self._holders[h] = worker
-        elif isinstance(holders, str):
-            if holders != worker:
-                self._holders[h] = {holders, worker}
-        else:
-            holders.add(worker)
-
-    def _unhold(self, h: int, worker: WorkerId) -> None:
-        holders = self._holders.get(h)
-        if holders is None:
-            return
-        if isinstance(holders, str):
-            if holders == worker:
-                del self._holders[h]
-            return
-        holders.discard(worker)
-        if len(holders) == 1:
-            self._holders[h] = next(iter(holders))
-        elif not holders:
-            del self._holders[h]
-
-    def _forget(self, worker: WorkerId) -> None:
-        for h in self._blocks.pop(worker, ()):
-            self._unhold(h, worker)
+                blocks = self._blocks[worker] = set()
 
     def drop_worker(self, worker: WorkerId) -> None:
-        self._forget(worker)
+        self._blocks.pop(worker, None)
         self.tiers.forget(worker)
         self._seq.pop(worker, None)
         self._pending.pop(worker, None)
@@ -289,42 +254,25 @@ class PrefixIndex:
         and an in-flight tracker, a block counts when the events show it *or* it is provisionally there."""
         if self.inflight is not None and now_ms is not None and len(self.inflight):
             return self._overlap_with_inflight(hashes, list(workers), self.inflight, now_ms)
-        out = dict.fromkeys(workers, 0)
-        alive = set(out)
-        for depth, h in enumerate(hashes):
-            holders = self._holders.get(h)
-            if holders is None:
-                break
-            if isinstance(holders, str):  # one worker holds it (most blocks): it alone may go deeper
-                if holders not in alive:
-                    break
-                if len(alive) > 1:
-                    alive = {holders}
-                out[holders] = depth + 1
-                continue
-            alive &= holders
-            if not alive:
-                break
-            for w in alive:
-                out[w] = depth + 1
-        return out
+        blocks = self._blocks
+        return {w: _leading(blocks.get(w) or _EMPTY, hashes) for w in workers}
 
     def _overlap_with_inflight(self, hashes: Sequence[int], workers: list[WorkerId], inflight: InflightPrefixes,
                                now_ms: float) -> dict[WorkerId, int]:
         """The events' overlap, each worker's then extended block by block by either source (a hit's blocks are
-        mostly the events': their depth comes from the set walk, not from a check per worker and block)."""
+        mostly the events': their depth comes from the C walk, not from a Python check per block)."""
         inflight.expire(now_ms)
         out = self.overlap(hashes, workers)
-        holders_of = self._holders
         n = len(hashes)
         for w in workers:
-            d = out[w]
             entries = inflight.of(w)
+            if not entries:
+                continue  # (the events alone: ``out`` already holds their depth)
+            held = self._blocks.get(w) or _EMPTY
+            d = out[w]
             while d < n:
                 h = hashes[d]
-                holders = holders_of.get(h)
-                if not ((holders is not None and (holders == w if isinstance(holders, str) else w in holders))
-                        or h in entries):
+                if h not in held and h not in entries:
                     break
                 d += 1
             out[w] = d
@@ -332,17 +280,20 @@ class PrefixIndex:
 
     def held_depth(self, worker: WorkerId, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` the events show ``worker`` holding (no in-flight entries)."""
-        holders_of = self._holders
-        d = 0
-        for h in hashes:
-            holders = holders_of.get(h)
-            if holders is None or (holders != worker if isinstance(holders, str) else worker not in holders):
-                break
-            d += 1
-        return d
+        return _leading(self._blocks.get(worker) or _EMPTY, hashes)
 
     def size(self) -> int:
-        return len(self._holders)
+        """Distinct blocks held anywhere (a union: for tests and reports, not the request path)."""
+        return len(set().union(*self._blocks.values()))
+
+
+_EMPTY: frozenset[int] = frozenset()
+
+
+def _leading(held: Container[int], hashes: Iterable[int]) -> int:
+    """How many leading ``hashes`` ``held`` contains: ``takewhile`` over the set's own ``__contains__``, all in C
+    (a 136-block hit: one set lookup per block and no Python frame per block)."""
+    return len(list(itertools.takewhile(held.__contains__, hashes)))
 
 
 class ApproximateIndex:
