@@ -26,7 +26,7 @@ from actors.engine.tokenizer import Tokenizer
 from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, InflightPrefixes, PrefixIndex
-from cluster.router.prompt_memo import PromptMemo
+from cluster.router.prompt_memo import MemoEntry, PromptMemo
 from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
 from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
@@ -190,8 +190,10 @@ class Chooser:
         if not isinstance(p, str):
             return False
         bs = pool[0].block_size
-        if self.use_memo and self.memo(pool[0].vocab_size, bs).known_tokens(p) >= HEAD_BLOCKS * bs:
-            return False  # a prefix met before, likely a hit: the memo walks it faster than the head would
+        if self.use_memo:
+            chars, tokens, entry = self.memo(pool[0].vocab_size, bs).match(p)
+            if entry is not None and tokens >= HEAD_BLOCKS * bs:  # a prefix met before, likely a hit
+                return self._known_head(ctx, req, pool, p, chars, tokens, entry)
         tok = self._tokenizer(pool[0].vocab_size)
         got = tok.head_and_count(p, HEAD_BLOCKS * bs)  # (split_head's head, and the count, in one pass)
         if got is None:
@@ -200,9 +202,41 @@ class Chooser:
         hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
         if len(hashes) < HEAD_BLOCKS:
             return False  # a short prompt: nothing to save
+        return self._defer(ctx, req, pool, p, hashes, count)
+
+    def _known_head(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, chars: int,
+                    tokens: int, entry: MemoEntry) -> bool:
+        """Rank a prompt that extends one the memo holds (its first ``tokens`` ids and their ``k`` full blocks'
+        hashes known, up to character ``chars``) from those blocks and one more, when no candidate holds that
+        one: the overlap is then final (it counts *leading* blocks), so the policy needs only the prompt's
+        count, and the rest (tokenizing the new part, hashing its blocks) waits for the send, as a miss's tail
+        does. The next block's ids are the entry's last partial block and the first words of the new part
+        (``head_and_count``, which also counts the rest). A candidate that holds that block, or a prompt with no
+        full block past the memo's, walks the whole prompt first, as before. The common hit of a prefix-heavy
+        workload (a 2048-token prefix the memo knows and 128 new tokens) then tokenizes one block's words before
+        its send instead of all 128 (mostly words the tokenizer has to learn)."""
+        bs = pool[0].block_size
+        k = tokens // bs
+        need = (k + 1) * bs - tokens  # tokens of block k still to come from the new part: 1 .. bs
+        got = self._tokenizer(pool[0].vocab_size).head_and_count(p[chars:], need) if chars < len(p) else None
+        if got is None:
+            return False
+        head, rest = got
+        count = tokens + rest
+        if count < (k + 1) * bs:
+            return False  # no full block past the memo's: nothing to defer
+        known = entry.ids[:tokens] + head[:need]
+        hashes = [int(h) for h in hash_request_blocks(known, bs, start=entry.hashes[:k])]
+        return self._defer(ctx, req, pool, p, hashes, count)
+
+    def _defer(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, hashes: list[int],
+               count: int) -> bool:
+        """Rank from the leading ``hashes`` and the prompt's token ``count`` when no candidate holds all of them
+        (each worker's overlap is then final); the rest is left to ``complete``."""
         overlap = self._overlap_of(hashes, pool)
         if max(overlap.values(), default=0) >= len(hashes):
             return False  # some worker may hold more: walk the whole prompt
+        bs = pool[0].block_size
         ctx.overlap, ctx.text = overlap, p
         ctx.counted_tokens, ctx.counted_blocks = count, count // bs
         ctx.tail = functools.partial(self._finish_tail, ctx, req, pool)

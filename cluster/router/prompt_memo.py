@@ -37,7 +37,7 @@ KEY_CHARS = 64
 
 
 @dataclass(frozen=True)
-class _Entry:
+class MemoEntry:
     text: str
     ids: list[int]
     hashes: list[BlockHash]
@@ -61,7 +61,7 @@ class PromptMemo:
         self.stride = stride
         self.max_keys = max_keys
         self.per_key = per_key
-        self._buckets: OrderedDict[str, list[_Entry]] = OrderedDict()
+        self._buckets: OrderedDict[str, list[MemoEntry]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -83,17 +83,20 @@ class PromptMemo:
             self._remember(text, ids, hashes)
         return ids, hashes
 
-    def known_tokens(self, text: str) -> int:
-        """Leading tokens of ``text`` an entry holds (a hint: a prompt met before is likely a cache hit)."""
-        return self._match(text)[1]
+    def match(self, text: str) -> tuple[int, int, MemoEntry | None]:
+        """The longest checkpoint of an entry that ``text`` extends: (chars, tokens, entry), where ``text[:chars]``
+        tokenizes to ``entry.ids[:tokens]``, its full blocks hash to ``entry.hashes[:tokens // block_size]`` and
+        ``text[chars:]`` is empty or starts with the space before a word; (0, 0, None): none. Read-only for the
+        caller (the entry's lists are the memo's own)."""
+        return self._match(text)
 
-    def _match(self, text: str) -> tuple[int, int, _Entry | None]:
+    def _match(self, text: str) -> tuple[int, int, MemoEntry | None]:
         """The longest checkpoint of an entry that ``text`` extends: (chars, tokens, entry); (0, 0, None): none."""
         bucket = self._buckets.get(text[:KEY_CHARS])
         if bucket is None:
             return 0, 0, None
         self._buckets.move_to_end(text[:KEY_CHARS])
-        best: tuple[int, int, _Entry | None] = (0, 0, None)
+        best: tuple[int, int, MemoEntry | None] = (0, 0, None)
         n = len(text)
         for e in bucket:
             # Checkpoints that match form a prefix of the list (each lies inside the next): binary search.
@@ -142,7 +145,7 @@ class PromptMemo:
             tokens.append(t)
         if not chars:
             return
-        entry = _Entry(text, list(ids), hashes[:tokens[-1] // bs], chars, tokens)  # the caller keeps ``ids``
+        entry = MemoEntry(text, list(ids), hashes[:tokens[-1] // bs], chars, tokens)  # the caller keeps ``ids``
         if len(text) > self.max_chars:
             return
         key = text[:KEY_CHARS]

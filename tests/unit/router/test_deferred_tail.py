@@ -153,3 +153,71 @@ async def test_a_routed_miss_is_tokenized_after_its_send_and_draws_its_prefix_to
         assert not r.chooser._pending
     assert sent_before_tail == [True, False]  # the hit walked its whole prompt before it was sent
     assert served[0] == served[1]
+
+
+LONG_WORDS = ("a", "bc", "defgh", "ijklmnopq", "rstu")
+"""Words of one to three pieces (with a number): memo checkpoints then fall inside blocks, not on their edges."""
+
+
+def long_body(prefix: int, suffix: int, words: int) -> dict[str, Any]:
+    """A long prompt (so the prompt memo keeps it) made of prefix ``prefix`` and ``words`` words of suffix
+    ``suffix`` (the same suffix again: a repeat, whose next block some worker may hold)."""
+    def draw(seed: int, n: int) -> list[str]:
+        rng = random.Random(seed)
+        return [rng.choice(LONG_WORDS) + str(rng.randrange(50)) for _ in range(n)]
+    text = " ".join(draw(prefix, 300 + 40 * prefix) + draw(1000 + suffix, words))
+    return {"model": "m", "prompt": text, "max_tokens": 8, "stream": True}
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["events", "approximate"]),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from([0, 20, 40, 60]), st.booleans()),
+                min_size=1, max_size=25))
+def test_a_known_prefix_ranked_before_its_new_part_decides_and_records_as_tokenizing_it_first(
+        mode: str, requests: list[tuple[int, int, int, bool]]) -> None:
+    # Prompts that extend ones the memo holds (the same prefix, a new or repeated suffix, or a longer one: an
+    # earlier prompt extended): ranked from the memo's blocks and the next one when no worker holds that
+    # (Chooser._known_head), else walked whole.
+    lazy, lazy_policy, lazy_ws = chooser(mode)
+    eager, eager_policy, eager_ws = chooser(mode)
+    for prefix, suffix, words, send_at_once in requests:
+        a, b = long_body(prefix, suffix, words), long_body(prefix, suffix, words)
+        ctx_a, ctx_b = RequestContext(a), RequestContext(b)
+        lazy.prepare(lazy_policy, ctx_a, RoutedRequest.of(a, False), lazy_ws, defer_tail=True)
+        eager.prepare(eager_policy, ctx_b, RoutedRequest.of(b, False), eager_ws)
+        assert ctx_a.num_blocks == ctx_b.num_blocks and ctx_a.overlap == ctx_b.overlap
+        ra, rb = lazy.rank(lazy_policy, lazy_ws, ctx_a), eager.rank(eager_policy, eager_ws, ctx_b)
+        assert [w.name for w in ra] == [w.name for w in rb]
+        lazy.routed(lazy_policy, ra[0], ctx_a)
+        eager.routed(eager_policy, rb[0], ctx_b)
+        if send_at_once:
+            lazy.complete(ctx_a)
+            assert ctx_a.prompt_ids == ctx_b.prompt_ids and ctx_a.block_hashes == ctx_b.block_hashes
+    lazy.flush()
+    every = [w.name for w in lazy_ws]
+    for prefix, suffix, words, _ in requests:
+        probe = TOK.encode(long_body(prefix, suffix, words)["prompt"])
+        hashes = [int(h) for h in hash_request_blocks(probe, 16)]
+        index_a = lazy.approx if mode == "approximate" else lazy.index
+        index_b = eager.approx if mode == "approximate" else eager.index
+        assert index_a.overlap(hashes, every, 0.0) == index_b.overlap(hashes, every, 0.0)
+
+
+def test_a_known_prefix_with_a_new_part_is_sent_before_the_new_part_is_tokenized() -> None:
+    # A 512-token prefix (a memo checkpoint: every 16 blocks) and 40 new words, as the prefix-heavy workload sends.
+    c, policy, ws = chooser("events")
+    prefix = [(k * 7919) % 17576 for k in range(512)]
+    ranked = []
+    for suffix, deferred in ((0, True), (1, True), (1, False)):  # a miss; a new ending; the same ending again
+        rng = random.Random(suffix)
+        text = ids_to_text(prefix + [rng.randrange(17576) for _ in range(40)])
+        b: dict[str, Any] = {"model": "m", "prompt": text, "max_tokens": 8, "stream": True}
+        ctx = RequestContext(b)
+        c.prepare(policy, ctx, RoutedRequest.of(b, False), ws, defer_tail=True)
+        assert (ctx.tail is not None) == deferred
+        assert ctx.num_tokens == 552 and bool(ctx.prompt_ids) != deferred  # (a deferred prompt: not tokenized yet)
+        ranked.append(c.rank(policy, ws, ctx)[0])
+        c.routed(policy, ranked[-1], ctx)
+        c.complete(ctx)
+        assert ctx.prompt_ids == TOK.encode(text)
+    assert ranked[0] is ranked[1] is ranked[2]  # the prefix, in flight there, draws the later requests
