@@ -9,7 +9,8 @@ FLOPs and bytes of each row computed by the same functions the cost model uses (
 GEMM tables named in ``GEMM_DEPTH_TABLES`` also fit a factor by k (``OpFit.depth``; decode attention in
 ``CONTEXT_DEPTH_TABLES`` the same factor by context), those in
 ``GEMM_EPILOGUE_TABLES`` a time per output element (``OpFit.output_ns``; fused MoE in ``MOE_ROUTED_TABLES`` the
-same per routed pair); ``actors.calibration_tables`` says why.
+same per routed pair; those in ``MOE_BLOCK_TABLES`` compute
+the pairs padded to the Triton kernel's blocks, ``OpFit.moe_block_m``); ``actors.calibration_tables`` says why.
 
 The fit minimises the log ratio predicted / measured with a soft-L1 loss over a seeded subsample of
 each table (at most ``MAX_FIT_ROWS`` rows); the error is reported on every row. The curves are
@@ -25,18 +26,18 @@ The Splitwise DGX table (2023 serving stack) stays as a report, in ``actors.spli
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import yaml
 from scipy.optimize import least_squares
 
+from actors.calibration_presets import FITTED_FAMILIES as FITTED_FAMILIES  # re-exported
+from actors.calibration_presets import write_presets as write_presets
 from actors.calibration_routing import moe_table_work
 from actors.calibration_tables import (
     BALANCED_ROUTING_TABLES,
@@ -49,9 +50,10 @@ from actors.calibration_tables import (
     SIBLING_GPUS,
     SIBLING_MAX_RATIO,
     m_tiles,
+    moe_block_m,
 )
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes
-from config.catalog import PRESETS_DIR, Catalog
+from config.catalog import Catalog
 from config.hardware import COMPUTE_KNOTS, DEPTH_KNOTS, MEMORY_KNOTS, PARALLEL_KNOTS, Efficiency, HardwareProfile, OpFit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +64,6 @@ OP_TABLE_GPUS = {"h100-80g-sxm": "h100_sxm", "h200-141g-sxm": "h200_sxm", "b200-
                  "l40s-48g": "l40s", "a100-80g-sxm": "a100_sxm"}
 MAX_FIT_ROWS = 20_000
 SEED = 12
-FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
-                   "moe_fp8")
-"""``Efficiency`` fields fitted on op tables (the all-reduce fits by GPU count besides)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +245,8 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     dist = "balanced" if np.any(t["distribution"] == "balanced") else "power_law_1.01"
     t = _where(t, (t["moe_dtype"] == dtype) & (t["distribution"] == dist) & triton)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
-    work = moe_table_work(t, dist, wb, exact_balanced=(hw.name, family) in BALANCED_ROUTING_TABLES)
+    work = moe_table_work(t, dist, wb, exact_balanced=(hw.name, family) in BALANCED_ROUTING_TABLES,
+                          block_m=moe_block_m(hw.name, family))
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
                     t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3],
                     outputs=t["num_tokens"] * t["topk"] if (hw.name, family) in MOE_ROUTED_TABLES else None)
@@ -520,7 +520,8 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
             src = EXCLUDED_TABLES[(hw_name, fam)][0]
             fits[fam] = _family_fit((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
         else:
-            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam)})
+            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam),
+                                                        "moe_block_m": moe_block_m(hw_name, fam)})
     base = hw.efficiency
     upd: dict[str, object] = {fam: fits[fam] for fam in FITTED_FAMILIES if fam in fits}
     for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):
@@ -543,58 +544,3 @@ def current_op_errors(cat: Catalog, hw_name: str, data: Path = OP_DATA) -> list[
     hw = cat.hardware.get(hw_name)
     samples = load_op_tables(hw, data / OP_TABLE_GPUS[hw_name])
     return [op_error(hw_name, _family_fit(hw.efficiency, fam), s) for fam, s in samples.items()]
-
-
-def write_presets(fits: Sequence[OpFitResult], path: Path = PRESETS_DIR / "hardware.yaml") -> None:
-    """Replace the ``efficiency`` block of each fitted profile in the hardware preset file, in place.
-
-    Edits the file's text (not a YAML round trip) so that comments and key order survive.
-    """
-    lines = path.read_text().splitlines()
-    by_name = {f.hardware: f.efficiency for f in fits}
-    out: list[str] = []
-    current: str | None = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("- name: "):
-            current = line.split(":", 1)[1].strip()
-        if current in by_name and line.startswith("  efficiency:"):
-            i += 1
-            while i < len(lines) and not re.match(r"^(- |#|  [A-Za-z_]+:)", lines[i]):
-                i += 1
-            out.extend(_efficiency_block(by_name.pop(current)))
-            continue
-        if current in by_name and (i + 1 == len(lines) or lines[i + 1].startswith("- name: ")):
-            out.append(line)
-            out.extend(_efficiency_block(by_name.pop(current)))
-            i += 1
-            continue
-        out.append(line)
-        i += 1
-    text = "\n".join(out) + "\n"
-    yaml.safe_load(text)  # never write a file we could not read back
-    path.write_text(text)
-
-
-def _fit_line(key: str, fit: OpFit, indent: str) -> str:
-    dump = {k: v for k, v in fit.model_dump().items() if k not in ("depth", "output_ns", "m_tiles") or v}  # fitted only
-    body = json.dumps(dump, separators=(", ", ": "))
-    return f"{indent}{key}: {body}"
-
-
-def _efficiency_block(eff: Efficiency) -> list[str]:
-    lines = ["  efficiency:"]
-    for fam in FITTED_FAMILIES:
-        fit = getattr(eff, fam)
-        if fit is not None:
-            lines.append(_fit_line(fam, fit, "    "))
-    lines.append("    allreduce:")
-    for n, fit in sorted(eff.allreduce.items()):
-        lines.append(_fit_line(str(n), fit, "      "))
-    for k in ("step_overhead_us", "request_overhead_us", "layer_overhead_us"):
-        lines.append(f"    {k}: {getattr(eff, k)}")
-    if eff.gemm_fp8_bf16_bound:
-        lines.append("    gemm_fp8_bf16_bound: true")
-    lines.append(f"    fitted_on: {json.dumps(eff.fitted_on)}")
-    return lines

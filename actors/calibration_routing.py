@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -86,10 +87,11 @@ def balanced_rank0(tokens: int, topk: int, experts: int, ep: int) -> tuple[float
 
 
 def moe_table_work(t: dict[str, np.ndarray], distribution: str, weight_bytes: float,
-                   exact_balanced: bool = True) -> np.ndarray:
+                   exact_balanced: bool = True, block_m: Sequence[int] = ()) -> np.ndarray:
     """``moe_work`` (FLOPs, bytes, size, width) of every row of an op table's MoE rows of one ``distribution``,
     with rank 0's pairs and touched experts under that routing (``balanced`` or ``power_law_<alpha>``);
-    ``exact_balanced`` False: balanced rows take the uniform expectation instead."""
+    ``exact_balanced`` False: balanced rows take the uniform expectation instead; ``block_m``: the Triton blocks
+    the pairs are padded to (``OpFit.moe_block_m``)."""
     alpha = float(distribution.removeprefix("power_law_")) if distribution.startswith("power_law_") else None
     if alpha is None and distribution != "balanced":
         raise ValueError(f"unknown MoE routing distribution {distribution!r} (balanced or power_law_<alpha>)")
@@ -105,7 +107,8 @@ def moe_table_work(t: dict[str, np.ndarray], distribution: str, weight_bytes: fl
                 routed = power_law_rank0(nt, k, e, ep, alpha)
             elif exact_balanced:
                 routed = balanced_rank0(nt, k, e, ep)
-            cache[key] = moe_work(float(nt), hd, it, k, e, tp, ep, weight_bytes, pairs=routed[0], touched=routed[1])
+            cache[key] = moe_work(float(nt), hd, it, k, e, tp, ep, weight_bytes, pairs=routed[0], touched=routed[1],
+                                  block_m=block_m)
         out.append(cache[key])
     return np.array(out, dtype=float).reshape(-1, 4)
 
