@@ -173,30 +173,40 @@ class TransferRecord:
     def unshaped(request_id: RequestId, op: Op, backend: str, peer: Site, blocks: int, real_bytes: int,
                  started_ms: float, emulated_ms: float, wall_ms: float) -> TransferRecord:
         """The record of a transfer no link model shaped (``emulated_bytes`` = ``real_bytes``), made without
-        the frozen dataclass ``__init__`` (half the cost; it runs once per transfer, also for small pushes).
-        The caller passes checked values (a backend's own measurements)."""
-        r: TransferRecord = _new_record(TransferRecord)
-        _rec_request_id(r, request_id)
-        _rec_op(r, op)
-        _rec_backend(r, backend)
-        _rec_peer(r, peer)
-        _rec_blocks(r, blocks)
-        _rec_real_bytes(r, real_bytes)
-        _rec_emulated_bytes(r, float(real_bytes))
-        _rec_started_ms(r, started_ms)
-        _rec_emulated_ms(r, emulated_ms)
-        _rec_wall_ms(r, wall_ms)
-        _rec_link(r, None)
-        _rec_modelled_ms(r, 0.0)
-        _rec_real_bottleneck(r, False)
-        return r
+        the frozen dataclass ``__init__``: it runs once per transfer, also for small pushes. The caller passes
+        checked values (a backend's own measurements). See :class:`_UnshapedRecord` for how."""
+        return _UnshapedRecord(request_id, op, backend, peer, blocks, real_bytes, started_ms, emulated_ms,
+                               wall_ms)  # type: ignore[return-value]  # it is a TransferRecord once built
 
 
-# Slot setters for ``TransferRecord.unshaped`` (frozen forbids ``setattr``, not the slots' descriptors).
-_new_record = object.__new__
-(_rec_request_id, _rec_op, _rec_backend, _rec_peer, _rec_blocks, _rec_real_bytes, _rec_emulated_bytes,
- _rec_started_ms, _rec_emulated_ms, _rec_wall_ms, _rec_link, _rec_modelled_ms, _rec_real_bottleneck) = (
-    TransferRecord.__dict__[f.name].__set__ for f in fields(TransferRecord))
+class _UnshapedRecord:
+    """Builds a :class:`TransferRecord` fast: a plain class with the very same slots, whose ``__init__`` fills
+    them with ordinary attribute stores (which the interpreter specialises to direct slot writes) and then
+    makes the object a ``TransferRecord`` by assigning ``__class__`` (allowed between classes of identical
+    layout). A frozen dataclass forbids those stores; its slots' descriptors (``__set__``, one call each)
+    cost twice as much: 1.2 against 0.55 us per record in a hot loop on this host."""
+
+    __slots__ = TransferRecord.__slots__
+
+    def __init__(self, request_id: RequestId, op: Op, backend: str, peer: Site, blocks: int, real_bytes: int,
+                 started_ms: float, emulated_ms: float, wall_ms: float) -> None:
+        self.request_id = request_id
+        self.op = op
+        self.backend = backend
+        self.peer = peer
+        self.blocks = blocks
+        self.real_bytes = real_bytes
+        self.emulated_bytes = float(real_bytes)
+        self.started_ms = started_ms
+        self.emulated_ms = emulated_ms
+        self.wall_ms = wall_ms
+        self.link = None
+        self.modelled_ms = 0.0
+        self.real_bottleneck = False
+        self.__class__ = TransferRecord  # type: ignore[assignment]
+
+
+assert _UnshapedRecord.__slots__ == tuple(f.name for f in fields(TransferRecord)), "slots out of step with fields"
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,3 +57,24 @@ def test_detached_blocks_read_as_a_sequence_over_the_receivers_buffers() -> None
     assert np.shares_memory(np.frombuffer(out[2].payload, np.uint8), dst[2])
     with pytest.raises(ValueError, match="2 destination buffers for 4 blocks"):
         Delivery(blocks).detach(into=dst[:2])
+
+
+def test_unshaped_record_is_the_frozen_record_its_fields_say() -> None:
+    """``TransferRecord.unshaped`` builds through a layout twin (``_UnshapedRecord``): the result must be an
+    ordinary, frozen ``TransferRecord``, equal (and hashing equal) to the one the dataclass builds."""
+    import dataclasses
+    import pickle
+
+    from transport.base import RequestId, Site, TransferRecord
+
+    site = Site("n1", "r1")
+    fast = TransferRecord.unshaped(RequestId("r"), "push", "tcp", site, 3, 4096, 1.5, 0.25, 0.125)
+    slow = TransferRecord(RequestId("r"), "push", "tcp", site, 3, 4096, 4096.0, 1.5, 0.25, 0.125)
+    assert type(fast) is TransferRecord
+    assert fast == slow and hash(fast) == hash(slow)
+    assert isinstance(fast.emulated_bytes, float) and fast.link is None and fast.real_bottleneck is False
+    assert fast.lag_ms == 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.wall_ms = 1.0  # type: ignore[misc]
+    assert dataclasses.replace(fast, wall_ms=2.0).wall_ms == 2.0
+    assert pickle.loads(pickle.dumps(fast)) == slow  # records travel between actors
