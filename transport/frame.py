@@ -294,7 +294,15 @@ class FrameDecoder:
                 return []  # one): the staging area is empty in direct mode, so nothing else can complete
         else:
             self._w += nbytes
-        return self._process()
+        if self._failed is not None:  # what _process does, inline: this runs once per read
+            raise self._failed
+        out: list[Frame] = []
+        try:
+            self._step_all(out)
+        except FrameError as e:
+            self._abandon(out, e)
+            raise
+        return out
 
     def resume(self) -> list[Frame]:
         """Retry after the pool released buffers; returns frames completed by bytes already staged."""
@@ -330,12 +338,16 @@ class FrameDecoder:
         try:
             self._step_all(out)
         except FrameError as e:
-            self._failed = e
-            for f in out:  # the stream is abandoned: frames completed before the error go too
-                f.release()
-            self.close()
+            self._abandon(out, e)
             raise
         return out
+
+    def _abandon(self, out: list[Frame], e: FrameError) -> None:
+        """The stream failed with ``e``: remember it, release frames completed before the error too."""
+        self._failed = e
+        for f in out:
+            f.release()
+        self.close()
 
     def _step_all(self, out: list[Frame]) -> None:
         while True:
