@@ -50,7 +50,7 @@ from actors.calibration_tables import (
     SIBLING_GPUS,
     SIBLING_MAX_RATIO,
     m_tiles,
-    moe_block_m,
+    moe_blocks,
 )
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes
 from config.catalog import Catalog
@@ -245,8 +245,9 @@ def _moe(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples 
     dist = "balanced" if np.any(t["distribution"] == "balanced") else "power_law_1.01"
     t = _where(t, (t["moe_dtype"] == dtype) & (t["distribution"] == dist) & triton)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
+    blocks = moe_blocks(hw.name, family)
     work = moe_table_work(t, dist, wb, exact_balanced=(hw.name, family) in BALANCED_ROUTING_TABLES,
-                          block_m=moe_block_m(hw.name, family))
+                          block_m=blocks["moe_block_m"], block_tokens=blocks["moe_block_tokens"])
     return _samples(family, f"moe {dtype} {dist} vLLM {ver.name if ver else '?'}", work[:, 0], work[:, 1], work[:, 2],
                     t, peak * 1e9, hw.hbm_bandwidth_gbps * 1e6, width=work[:, 3],
                     outputs=t["num_tokens"] * t["topk"] if (hw.name, family) in MOE_ROUTED_TABLES else None)
@@ -520,8 +521,7 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
             src = EXCLUDED_TABLES[(hw_name, fam)][0]
             fits[fam] = _family_fit((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
         else:
-            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam),
-                                                        "moe_block_m": moe_block_m(hw_name, fam)})
+            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam), **moe_blocks(hw_name, fam)})
     base = hw.efficiency
     upd: dict[str, object] = {fam: fits[fam] for fam in FITTED_FAMILIES if fam in fits}
     for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 FITTED_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8", "moe",
                    "moe_fp8")
 """``Efficiency`` fields fitted on op tables (the all-reduce fits by GPU count besides)."""
-OPTIONAL_FIELDS = ("depth", "output_ns", "m_tiles", "moe_block_m")
+OPTIONAL_FIELDS = ("depth", "output_ns", "m_tiles", "moe_block_m", "moe_block_tokens")
 """``OpFit`` fields written only where fitted (non-empty, non-zero)."""
 
 

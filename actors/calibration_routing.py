@@ -87,11 +87,12 @@ def balanced_rank0(tokens: int, topk: int, experts: int, ep: int) -> tuple[float
 
 
 def moe_table_work(t: dict[str, np.ndarray], distribution: str, weight_bytes: float,
-                   exact_balanced: bool = True, block_m: Sequence[int] = ()) -> np.ndarray:
+                   exact_balanced: bool = True, block_m: Sequence[int] = (),
+                   block_tokens: Sequence[int] = ()) -> np.ndarray:
     """``moe_work`` (FLOPs, bytes, size, width) of every row of an op table's MoE rows of one ``distribution``,
     with rank 0's pairs and touched experts under that routing (``balanced`` or ``power_law_<alpha>``);
-    ``exact_balanced`` False: balanced rows take the uniform expectation instead; ``block_m``: the Triton blocks
-    the pairs are padded to (``OpFit.moe_block_m``)."""
+    ``exact_balanced`` False: balanced rows take the uniform expectation instead; ``block_m``, ``block_tokens``: the
+    Triton blocks the pairs are padded to (``OpFit.moe_block_m``, ``moe_block_tokens``)."""
     alpha = float(distribution.removeprefix("power_law_")) if distribution.startswith("power_law_") else None
     if alpha is None and distribution != "balanced":
         raise ValueError(f"unknown MoE routing distribution {distribution!r} (balanced or power_law_<alpha>)")
@@ -108,7 +109,7 @@ def moe_table_work(t: dict[str, np.ndarray], distribution: str, weight_bytes: fl
             elif exact_balanced:
                 routed = balanced_rank0(nt, k, e, ep)
             cache[key] = moe_work(float(nt), hd, it, k, e, tp, ep, weight_bytes, pairs=routed[0], touched=routed[1],
-                                  block_m=block_m)
+                                  block_m=block_m, block_tokens=block_tokens)
         out.append(cache[key])
     return np.array(out, dtype=float).reshape(-1, 4)
 

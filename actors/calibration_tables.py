@@ -96,22 +96,34 @@ rank's tokens x topk): ``moe_align_block_size`` sorts, and ``fused_moe_kernel`` 
 every rank (an expert another rank holds still gets its blocks, which write zeros), a cost set by the pairs, not
 by bytes or FLOPs. Elsewhere it gains < 1 point (H100 0.2, H200 fp8 0.3)."""
 
-MOE_BLOCK_TABLES: dict[tuple[str, str], str] = {
-    ("a100-80g-sxm", "moe"): "median 12.2% -> 9.5% (p90 33.0 -> 31.3%): ~11% on every model configuration with no "
-                             "axis carrying it; the block switch at M = E is vLLM's default config (no tuned file)",
-}
-"""(GPU, MoE family) -> why: tables fitted with the padded pairs of the Triton kernel's ``BLOCK_SIZE_M`` (16 while
-the tokens are at most the rank's experts, 64 after: vLLM's ``get_default_config``; ``OpFit.moe_block_m``). The
-others gain nothing (B200 fp8 10.8 -> 11.1%): their kernels ran tuned configs, whose blocks are not known here."""
 MOE_BLOCK_M = (16, 64)
 """vLLM's default ``BLOCK_SIZE_M`` of ``fused_moe_kernel``: while M <= E, after (``fused_moe.get_default_config``)."""
+MOE_TUNED_BLOCK_M = ((16, 32, 64, 128), (16, 64, 512))
+"""(blocks, token thresholds) of tuned configs: the blocks grow with M as vLLM's tuned files' do (B200 E=128 N=2048
+fp8: 16 to M = 128, 64 at 256-512, 128 from 1,024); the thresholds are the best of six candidates on B200's tables
+(16/32/64/128 at 16/64/512: fp8 9.6%; at 32/128/512 10.0, 16/64/256 10.0, 16/96/768 10.1; that file's own
+16/64/128 at 128/512 10.1, at 192/768 10.4): a table's shapes mix tuned files and the default config."""
+MOE_BLOCK_TABLES: dict[tuple[str, str], tuple[tuple[tuple[int, ...], tuple[int, ...]], str]] = {
+    ("a100-80g-sxm", "moe"): ((MOE_BLOCK_M, ()), "median 12.2% -> 9.5% (p90 33.0 -> 31.3%): ~11% on every model "
+                              "configuration with no axis carrying it; a fixed block of 16 or 64 scores worse than "
+                              "none (13.4, 14.5%): the switch at M = E, vLLM's default config, is what the table has"),
+    ("b200-180g-sxm", "moe"): (MOE_TUNED_BLOCK_M, "median 9.6% -> 8.0% (p90 30.5 -> 30.0%)"),
+    ("b200-180g-sxm", "moe_fp8"): (MOE_TUNED_BLOCK_M, "median 10.8% -> 9.6% (p90 35.4 -> 33.2%): 2-32 tokens ran "
+                                   "0.88-0.93x of the fit, 128-1,024 tokens 1.03-1.13x (Triton picks its config by M)"),
+}
+"""(GPU, MoE family) -> ((blocks, token thresholds), why): tables fitted with the pairs padded to the Triton kernel's
+``BLOCK_SIZE_M`` (``OpFit.moe_block_m``, ``moe_block_tokens``; no thresholds: vLLM's default config). A100's
+table runs the default config (16 while the tokens are at most the rank's experts, 64 after); B200's the tuned
+progression. The default rule on B200 fp8 scores 11.1%; elsewhere the tables are within the bound already."""
 
 
-def moe_block_m(hardware: str, family: str) -> list[int]:
-    """The Triton blocks fitted on (hardware, family)'s MoE table (``MOE_BLOCK_TABLES``); empty where none."""
-    return list(MOE_BLOCK_M) if (hardware, family) in MOE_BLOCK_TABLES else []
+def moe_blocks(hardware: str, family: str) -> dict[str, list[int]]:
+    """``OpFit`` fields (``moe_block_m``, ``moe_block_tokens``) of (hardware, family)'s MoE blocks
+    (``MOE_BLOCK_TABLES``); empty lists where none."""
+    blocks, tokens = MOE_BLOCK_TABLES[(hardware, family)][0] if (hardware, family) in MOE_BLOCK_TABLES else ((), ())
+    return {"moe_block_m": list(blocks), "moe_block_tokens": list(tokens)}
 
 
 __all__ = ["BALANCED_ROUTING_TABLES", "CONTEXT_DEPTH_TABLES", "EXCLUDED_TABLES", "FP8_GEMM_BF16_BOUND",
            "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "GEMM_TILE_TABLES", "MOE_BLOCK_M", "MOE_BLOCK_TABLES",
-           "MOE_ROUTED_TABLES", "SIBLING_GPUS", "SIBLING_MAX_RATIO", "m_tiles", "moe_block_m"]
+           "MOE_ROUTED_TABLES", "MOE_TUNED_BLOCK_M", "SIBLING_GPUS", "SIBLING_MAX_RATIO", "m_tiles", "moe_blocks"]

@@ -120,7 +120,8 @@ def gemm_bytes(m: Num, n: Num, k: Num, weight_bytes: float) -> Num:
 
 def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int,
              weight_bytes: float, gated: bool = True, pairs: float | None = None,
-             touched: float | None = None, block_m: Sequence[int] = ()) -> tuple[float, float, float, float]:
+             touched: float | None = None, block_m: Sequence[int] = (),
+             block_tokens: Sequence[int] = ()) -> tuple[float, float, float, float]:
     """FLOPs, bytes, size (token-expert pairs routed to the rank) and parallel width (touched experts x
     their width) of one fused-MoE call on one rank.
 
@@ -140,13 +141,13 @@ def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp
     ``pairs`` and ``touched`` replace the uniform routing's pairs on the rank and distinct local experts read
     where the routing is known to be otherwise (an op table's skewed rows: ``actors.calibration_routing``).
 
-    ``block_m`` (``OpFit.moe_block_m``; empty: off): the Triton kernel's ``BLOCK_SIZE_M``, ``block_m[0]`` when
-    ``tokens`` is at most the rank's experts, else ``block_m[1]`` (vLLM's ``get_default_config``: 16 while M <= E,
-    64 after). ``moe_align_block_size`` pads each expert's pairs up to whole blocks and ``fused_moe_kernel`` runs
+    ``block_m`` (``OpFit.moe_block_m``; empty: off): the Triton kernel's ``BLOCK_SIZE_M``, the first block whose
+    ``block_tokens`` threshold ``tokens`` does not pass (a tuned config's keys), or without thresholds ``block_m[0]``
+    when ``tokens`` is at most the rank's experts, else ``block_m[1]`` (vLLM's ``get_default_config``: 16 while
+    M <= E, 64 after). ``moe_align_block_size`` pads each expert's pairs to whole blocks and ``fused_moe_kernel`` runs
     one program per block, padded rows included, so the FLOPs and the size are the padded pairs, taken as the pairs
     spread evenly over the touched experts: ``touched x ceil(pairs / touched / block) x block``. Bytes are not
-    padded (padded rows are masked loads and stores). A100's table: median 12.2% -> 9.5%; a fixed block of 16 or 64
-    scores worse than the unpadded pairs (13.4, 14.5%), so the switch at M = E is what the table shows.
+    padded (padded rows are masked loads and stores); ``actors.calibration_tables.MOE_BLOCK_TABLES`` says where.
     """
     local = experts / ep
     routed = tokens * topk
@@ -158,7 +159,8 @@ def moe_work(tokens: float, hidden: int, inter: int, topk: int, experts: int, tp
         touched = local * (1.0 - (1.0 - topk / experts) ** tokens)
     computed = pairs
     if block_m and pairs > 0 and touched > 0:
-        block = block_m[0] if tokens <= local else block_m[1]
+        block = (block_m[bisect.bisect_left(block_tokens, tokens)] if block_tokens else
+                 block_m[0] if tokens <= local else block_m[1])
         computed = max(pairs, touched * math.ceil(pairs / touched / block - 1e-9) * block)
     flops = 2.0 * computed * mats * hidden * width
     weights = touched * mats * hidden * width * weight_bytes
@@ -434,9 +436,9 @@ class RooflineCostModel:
             t += m.dense_layers * (self.gemm_ms(tokens, up, h) + self.gemm_ms(tokens, h, inter))
         if m.moe is not None:
             e = m.moe
-            flops, nbytes, size, width = moe_work(tokens * self.dp, h, m.expert_width, e.experts_per_token,
-                                                  e.num_experts, 1 if self.ep > 1 else tp, self.ep, self._wb,
-                                                  m.mlp_gated, block_m=self._moe.moe_block_m)
+            flops, nbytes, size, width = moe_work(
+                tokens * self.dp, h, m.expert_width, e.experts_per_token, e.num_experts, 1 if self.ep > 1 else tp,
+                self.ep, self._wb, m.mlp_gated, block_m=self._moe.moe_block_m, block_tokens=self._moe.moe_block_tokens)
             routed = tokens * self.dp * e.experts_per_token  # every rank's pairs (OpFit.output_ns: MOE_ROUTED_TABLES)
             per_layer = self.gemm_ms(tokens, e.num_experts, h) + self._moe.ms(flops, nbytes, size, self._gemm_flops,
                                                                              self._hbm, width, outputs=routed)

@@ -82,10 +82,13 @@ class OpFit(Frozen):
     runs the config of the smallest bucket >= m, padded to it (past the last bucket, to a multiple of it), and
     costs what that padded m costs (``padded_m``; the fit's FLOPs, bytes and size are at the padded m). Empty: m."""
     moe_block_m: list[PositiveInt] = Field(default_factory=list)
-    """A fused MoE's Triton ``BLOCK_SIZE_M`` as vLLM's ``get_default_config`` picks it, [when the tokens are at most
-    the rank's experts, otherwise] (16, 64): ``moe_align_block_size`` pads each expert's pairs to a whole block and
-    the kernel computes every padded row, so the FLOPs and size are the padded pairs (``moe_work(block_m=...)``;
-    ``actors.calibration_tables.MOE_BLOCK_TABLES``). Empty: the routed pairs."""
+    """A fused MoE's Triton ``BLOCK_SIZE_M`` by token count: ``moe_align_block_size`` pads each expert's pairs to a
+    whole block and the kernel computes every padded row, so the FLOPs and size are the padded pairs
+    (``moe_work(block_m=...)``; ``actors.calibration_tables.MOE_BLOCK_TABLES``). Block i serves tokens up to
+    ``moe_block_tokens[i]``, the last one beyond; without thresholds, two blocks as vLLM's ``get_default_config``
+    picks them: the first while the tokens are at most the rank's experts. Empty: the routed pairs."""
+    moe_block_tokens: list[PositiveInt] = Field(default_factory=list)
+    """Token counts up to which each ``moe_block_m`` block but the last serves (a tuned config's M keys), ascending."""
     unit_ns: NonNegativeFloat = 0.0
     """Time per unit of parallel width (a work tile's fixed cost: a decode attention pays it per sequence
     and KV head whatever its context)."""
@@ -106,8 +109,11 @@ class OpFit(Frozen):
             raise ValueError(f"parallel needs {len(PARALLEL_KNOTS)} values (one per knot) or none")
         if self.depth and len(self.depth) != len(DEPTH_KNOTS):
             raise ValueError(f"depth needs {len(DEPTH_KNOTS)} values (one per knot) or none")
-        if self.moe_block_m and len(self.moe_block_m) != 2:
-            raise ValueError("moe_block_m needs 2 values (tokens <= local experts, more) or none")
+        if self.moe_block_tokens and (len(self.moe_block_tokens) != len(self.moe_block_m) - 1 or any(
+                b <= a for a, b in zip(self.moe_block_tokens, self.moe_block_tokens[1:], strict=False))):
+            raise ValueError("moe_block_tokens needs one ascending threshold per moe_block_m block but the last")
+        if self.moe_block_m and not self.moe_block_tokens and len(self.moe_block_m) != 2:
+            raise ValueError("moe_block_m without moe_block_tokens needs 2 values (tokens <= local experts, more)")
         if any(b <= a for a, b in zip(self.m_tiles, self.m_tiles[1:], strict=False)):
             raise ValueError("m_tiles must be strictly ascending")
         if any(b > a for a, b in zip(self.depth, self.depth[1:], strict=False)):

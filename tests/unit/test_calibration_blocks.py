@@ -1,6 +1,7 @@
-"""A fused MoE's Triton blocks (``OpFit.moe_block_m``, ``MOE_BLOCK_TABLES``): each expert's pairs are padded to whole
-``BLOCK_SIZE_M`` blocks, 16 while the tokens are at most the rank's experts and 64 after (vLLM's default config);
-the fit recovers a table timed on the padded pairs where the routed pairs cannot, and the cost model pays them."""
+"""A fused MoE's Triton blocks (``OpFit.moe_block_m``, ``moe_block_tokens``, ``MOE_BLOCK_TABLES``): each expert's
+pairs are padded to whole ``BLOCK_SIZE_M`` blocks, 16 while the tokens are at most the rank's experts and 64 after
+(vLLM's default config), or by token thresholds (tuned configs); the fit recovers a table timed on the padded pairs
+where the routed pairs cannot, and the cost model pays them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from actors.calibration import OpSamples, fit_op, op_error
-from actors.calibration_tables import MOE_BLOCK_M, MOE_BLOCK_TABLES, moe_block_m
+from actors.calibration_tables import MOE_BLOCK_M, MOE_TUNED_BLOCK_M, moe_blocks
 from actors.cost_model import RooflineCostModel, moe_work
 from config import default_catalog
 from config.hardware import OpFit
@@ -29,10 +30,20 @@ def test_moe_work_pads_each_touched_experts_pairs_to_the_block_of_its_token_coun
     assert moe_work(64.0, 1024, 512, 2, 8, 1, 1, 2.0, block_m=BLOCKS)[2] == pytest.approx(8 * 64, rel=1e-6)
     # pairs past a block take whole blocks: 4,096 tokens x 2 / 8 experts = 1,024 pairs each = 16 blocks of 64
     assert moe_work(4096.0, 1024, 512, 2, 8, 1, 1, 2.0, block_m=BLOCKS)[2] == pytest.approx(4096 * 2, rel=1e-6)
+    # thresholds (a tuned config's M keys): 16 to 16 tokens, 32 to 64, 64 to 512, 128 beyond, whatever the experts
+    blocks, thresholds = MOE_TUNED_BLOCK_M
+    for tokens, block in ((16, 16), (17, 32), (64, 32), (65, 64), (512, 64), (513, 128)):
+        touched = 8 * (1 - (1 - 2 / 8) ** tokens)
+        want = touched * math.ceil(tokens * 2 / touched / block - 1e-9) * block
+        assert moe_work(float(tokens), 1024, 512, 2, 8, 1, 1, 2.0, block_m=blocks,
+                        block_tokens=thresholds)[2] == pytest.approx(want)
     with pytest.raises(ValueError, match="moe_block_m"):
         OpFit(moe_block_m=[16])
-    assert moe_block_m("a100-80g-sxm", "moe") == BLOCKS and ("a100-80g-sxm", "moe") in MOE_BLOCK_TABLES
-    assert moe_block_m("h100-80g-sxm", "moe") == []
+    with pytest.raises(ValueError, match="moe_block_tokens"):
+        OpFit(moe_block_m=[16, 64], moe_block_tokens=[64, 32])
+    assert moe_blocks("a100-80g-sxm", "moe") == {"moe_block_m": BLOCKS, "moe_block_tokens": []}
+    assert moe_blocks("b200-180g-sxm", "moe_fp8")["moe_block_tokens"] == list(MOE_TUNED_BLOCK_M[1])
+    assert moe_blocks("h100-80g-sxm", "moe") == {"moe_block_m": [], "moe_block_tokens": []}
 
 
 def test_fit_recovers_a_moe_table_timed_on_padded_pairs() -> None:
