@@ -10,7 +10,10 @@ to the engine's handler (pool, connect, write), the engine's answer (headers at 
 chunk ``--engine-ms`` later, as a prefill would), the first chunk's way back through the router (read, relay,
 write) and to the client. The engines stamp their times into the first chunk itself; the router's spans come
 from wrappers around its methods (this process only). Medians per span, in wall microseconds; the added TTFT of
-each router over the direct path. ``--quick`` sends fewer requests.
+each router over the direct path. ``--quick`` sends fewer requests. ``--hit``: the prefix-heavy workload's hits
+instead (``hit_prompt``: one of 8 prompts of 2048 words, then 128 new words; the first request of each prefix is
+a warm-up miss): kvmesh's router finds the prefix in its prompt memo and in its in-flight index (the fake engines
+send no KV events), sgl-router in its radix tree.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ def prompt_text(i: int) -> str:
 
     rng = random.Random(i)
     return ids_to_text([rng.randrange(17576) for _ in range(PROMPT_TOKENS)])
+
+
+HIT_PREFIXES = 8
+HIT_PREFIX_WORDS = 2048
+
+
+def hit_prompt(i: int) -> str:
+    """Prefix ``i % HIT_PREFIXES`` (2048 random words, the same for every request of that prefix) and 128 new words,
+    as ``bench/router.py``'s prefix-heavy part sends: 2176 tokens of which the first 2048 are met before."""
+    return prompt_text(-1 - i % HIT_PREFIXES)[:4 * HIT_PREFIX_WORDS] + prompt_text(i)[:4 * 128]
 
 
 def _engines(q: Any, n: int, engine_ms: float) -> None:
@@ -252,8 +265,9 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
     uvloop.run(main())
 
 
-async def _send(session: Any, url: str, rid: int) -> dict[str, int]:
-    body = json.dumps({"model": "llama-3.1-8b", "prompt": prompt_text(rid), "max_tokens": 2, "ignore_eos": True,
+async def _send(session: Any, url: str, rid: int, hit: bool = False) -> dict[str, int]:
+    prompt = hit_prompt(rid) if hit else prompt_text(rid)
+    body = json.dumps({"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 2, "ignore_eos": True,
                        "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}).encode()
     headers = {"Content-Type": "application/json", "X-Request-Id": str(rid)}
     c_send = NOW()
@@ -309,7 +323,7 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
     return out
 
 
-def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, Any]:
+def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = False) -> dict[str, Any]:
     import aiohttp
 
     from bench.router import SGLangRouter
@@ -337,17 +351,17 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, An
             for k, url in paths.items():  # cold: the first request to each engine after the router started
                 for _ in range(ENGINES):
                     rid += 1
-                    r = await _send(sessions[k], url, rid)
+                    r = await _send(sessions[k], url, rid, hit)
                     r["rid"] = rid
                     cold[k].append(r)
             for k, url in paths.items():  # warm: pools, the router's tokenizer cache
                 for _ in range(10):
-                    await _send(sessions[k], url, rid := rid + 1)
+                    await _send(sessions[k], url, rid := rid + 1, hit)  # (every prefix among them)
             for _ in range(rounds):
                 for k, url in paths.items():
                     for _ in range(per):
                         rid += 1
-                        r = await _send(sessions[k], url, rid)
+                        r = await _send(sessions[k], url, rid, hit)
                         r["rid"] = rid
                         rows[k].append(r)
                         await asyncio.sleep(0.002)
@@ -367,7 +381,8 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None) -> dict[str, An
         engines.kill()
     for r in rows["kvmesh"] + cold["kvmesh"]:
         r.update({k: v for k, v in marks.get(r["rid"], {}).items() if k != "rid"})
-    out: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "engine_ms": engine_ms, "requests_per_path": rounds * per,
+    out: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "engine_ms": engine_ms,
+                           "prompts": "hits" if hit else "misses", "requests_per_path": rounds * per,
                            "sgl_router": "measured" if sgl else "absent (.venv-sglang)"}
     for k, rs in rows.items():
         out[k] = _split(rs, k == "kvmesh")
@@ -388,11 +403,12 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__ or "")
     p.add_argument("--engine-ms", type=float, default=20.0, help="wall ms from an engine's headers to its first chunk")
     p.add_argument("--no-sglang", action="store_true", help="skip sgl-router")
+    p.add_argument("--hit", action="store_true", help="prefix-cache hits (a known 2048-word prefix + 128 new words)")
     args = p.parse_args(argv)
     from bench.router import sglang_python
 
     emit({"bench": "router_miss", **miss_path(args.quick, args.engine_ms,
-                                               None if args.no_sglang else sglang_python(install=False))})
+                                               None if args.no_sglang else sglang_python(install=False), args.hit)})
 
 
 if __name__ == "__main__":
