@@ -147,7 +147,7 @@ class Chooser:
                     ctx.prompt_ids = p
         except ApiError:
             return
-        ctx.block_hashes = [int(h) for h in hash_request_blocks(ctx.prompt_ids, workers[0].block_size)]
+        ctx.block_hashes = cast(list[int], hash_request_blocks(ctx.prompt_ids, workers[0].block_size))
 
     def overlap(self, ctx: RequestContext, workers: list[WorkerInfo]) -> dict[WorkerId, int]:
         return self._overlap_of(ctx.block_hashes, workers)
@@ -226,7 +226,7 @@ class Chooser:
         if count < (k + 1) * bs:
             return False  # no full block past the memo's: nothing to defer
         known = entry.ids[:tokens] + head[:need]
-        hashes = [int(h) for h in hash_request_blocks(known, bs, start=entry.hashes[:k])]
+        hashes = cast(list[int], hash_request_blocks(known, bs, start=entry.hashes[:k]))  # (BlockHash is an int)
         return self._defer(ctx, req, pool, p, hashes, count)
 
     def _defer(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, hashes: list[int],
