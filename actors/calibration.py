@@ -51,6 +51,7 @@ from actors.calibration_tables import (
     SIBLING_MAX_RATIO,
     m_tiles,
     moe_blocks,
+    served_m_tiles,
 )
 from actors.cost_model import ACTIVATION_BYTES, SCORE_FLOPS, gemm_bytes
 from config.catalog import Catalog
@@ -521,7 +522,8 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
             src = EXCLUDED_TABLES[(hw_name, fam)][0]
             fits[fam] = _family_fit((fitted or {}).get(src) or cat.hardware.get(src).efficiency, fam)
         else:
-            fits[fam] = fit_op(s).model_copy(update={"m_tiles": m_tiles(hw_name, fam), **moe_blocks(hw_name, fam)})
+            fits[fam] = fit_op(s).model_copy(update={"m_tiles": served_m_tiles(hw_name, fam),
+                                                        **moe_blocks(hw_name, fam)})
     base = hw.efficiency
     upd: dict[str, object] = {fam: fits[fam] for fam in FITTED_FAMILIES if fam in fits}
     for fp8, b16 in (("gemm_fp8", "gemm"), ("moe_fp8", "moe")):

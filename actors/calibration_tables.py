@@ -43,27 +43,38 @@ GEMM_EPILOGUE_TABLES: dict[tuple[str, str], str] = {
 }
 """(GPU, GEMM family) -> why: tables fitted with a time per output element (``OpFit.output_ns``)."""
 
-GEMM_TILE_TABLES: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}
+GEMM_TILE_TABLES: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {
+    ("h200-141g-sxm", "gemm_fp8"): ((16, 64, 128, 256), "median 12.7% -> 9.4% (p90 33.7 -> 27.9%); the cost model, "
+                                    "which reads the curve at the served m, scores 12.1% on the same rows"),
+}
 """(GPU, GEMM family) -> (m buckets, why): tables whose kernel dispatch picks a config by m bucket (vLLM's
-cutlass_scaled_mm sm90 fp8: m <= 16, <= 64, <= 128, <= 256, larger) and runs m padded to it: the fit and the
-cost model read the op at ``OpFit.padded_m`` (``OpFit.m_tiles``). Past the last bucket an m that is not a
-multiple of it pays one tile more than its padding (the tables' 256j + 1 rows cost about 256(j + 2): H200 fp8 at
-n = k = 8,192: t(257) 76.8 us, t(512) 50.5, t(768) 73.2; t(769) 151.6, t(1024) 100.0).
+cutlass_scaled_mm sm90 fp8: m <= 16, <= 64, <= 128, <= 256, larger) and runs m padded to it: the fit reads each of
+the table's rows at ``OpFit.padded_m`` of these buckets. Past the last bucket an m that is not a multiple of it pays
+one tile more than its padding (the tables' 256j + 1 rows cost about 256(j + 2): H200 fp8 at n = k = 8,192:
+t(257) 76.8 us, t(512) 50.5, t(768) 73.2; t(769) 151.6, t(1024) 100.0).
 
-Empty for now: the term fits the Hopper fp8 tables ((16, 64, 128, 256); refit of the one gemm_fp8 line,
-calibrate --no-fit) but moves validate --quick by more than a point, so no table takes it yet:
-- H200 gemm_fp8 median 12.7% -> 9.4% (p90 33.7 -> 27.9); validate: Llama-3.1-70B fp8 H200 TTFT 5.8 -> 4.1%,
-  TPOT 4.7 -> 5.9%; Qwen3-235B-FP8 H200 TTFT 7.0 -> 6.3%; Llama-3.1-8B-FP8 H200 (bias +34% / +150%, already
-  too slow) TTFT 34.1 -> 38.4%, TPOT 149.9 -> 157.1%.
-- H100 gemm_fp8 median 9.8% -> 7.8% (p90 31.2 -> 25.6); validate: Llama-3.1-70B fp8 H100 TTFT 9.4 -> 15.6%,
-  TPOT 13.4 -> 13.9%.
-The table only has m = 256j and 256j + 1 past 256, so the extra tile for other unaligned m (a prefill chunk of
-1,000 tokens reads as 1,280) is the untested part, and the first suspect for the TTFT moves."""
+The steps are fitted, not served (``GEMM_TILE_SERVED``): the fit learns the curve of the kernel's own m without the
+steps smearing it, and the cost model reads that curve at the served m (the preset's ``OpFit.m_tiles`` stays empty).
+The table has only m = 256j and 256j + 1 past 256, so the extra tile of any other unaligned m (a prefill chunk of
+1,000 tokens would read as 1,280) is not pinned, and serving the steps moved validate --quick by more than a point:
+- H200 served with every step: Llama-3.1-70B fp8 H200 TTFT 5.8 -> 4.1%, TPOT 4.7 -> 5.9%; Llama-3.1-8B-FP8 H200 TTFT
+  34.1 -> 38.4%, TPOT 149.9 -> 157.1%; served with the buckets <= 256 only: 70B TPOT 4.7 -> 5.8%.
+- H200 fitted, not served (as registered): 70B fp8 H200 TTFT 5.8 -> 4.7%, TPOT 4.7 -> 4.8%; Qwen3-235B-FP8 H200
+  TTFT 7.0 -> 6.9%, TPOT 36.9 -> 37.2%; 8B-FP8 H200 TTFT 34.1 -> 32.3%, TPOT 149.9 -> 143.3%.
+- H100 (served; not registered): gemm_fp8 median 9.8% -> 7.8%; 70B fp8 H100 TTFT 9.4 -> 15.6%."""
+GEMM_TILE_SERVED: frozenset[tuple[str, str]] = frozenset()
+"""(GPU, GEMM family) of ``GEMM_TILE_TABLES`` whose cost model runs its GEMMs at the padded m (``OpFit.m_tiles`` in the
+preset): none yet, see ``GEMM_TILE_TABLES``."""
 
 
 def m_tiles(hardware: str, family: str) -> list[int]:
     """The m buckets fitted on (hardware, family)'s table (``GEMM_TILE_TABLES``); empty where none."""
     return list(GEMM_TILE_TABLES[(hardware, family)][0]) if (hardware, family) in GEMM_TILE_TABLES else []
+
+
+def served_m_tiles(hardware: str, family: str) -> list[int]:
+    """The m buckets the cost model serves on (hardware, family) (``GEMM_TILE_SERVED``): the fit's ``OpFit.m_tiles``."""
+    return m_tiles(hardware, family) if (hardware, family) in GEMM_TILE_SERVED else []
 
 
 CONTEXT_DEPTH_TABLES: dict[tuple[str, str], str] = {
@@ -125,5 +136,6 @@ def moe_blocks(hardware: str, family: str) -> dict[str, list[int]]:
 
 
 __all__ = ["BALANCED_ROUTING_TABLES", "CONTEXT_DEPTH_TABLES", "EXCLUDED_TABLES", "FP8_GEMM_BF16_BOUND",
-           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "GEMM_TILE_TABLES", "MOE_BLOCK_M", "MOE_BLOCK_TABLES",
-           "MOE_ROUTED_TABLES", "MOE_TUNED_BLOCK_M", "SIBLING_GPUS", "SIBLING_MAX_RATIO", "m_tiles", "moe_blocks"]
+           "GEMM_DEPTH_TABLES", "GEMM_EPILOGUE_TABLES", "GEMM_TILE_SERVED", "GEMM_TILE_TABLES", "MOE_BLOCK_M",
+           "MOE_BLOCK_TABLES", "MOE_ROUTED_TABLES", "MOE_TUNED_BLOCK_M", "SIBLING_GPUS", "SIBLING_MAX_RATIO", "m_tiles",
+           "moe_blocks", "served_m_tiles"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from actors.calibration import OpSamples, fit_op, op_error
-from actors.calibration_tables import GEMM_TILE_TABLES, m_tiles
+from actors.calibration_tables import GEMM_TILE_SERVED, GEMM_TILE_TABLES, m_tiles, served_m_tiles
 from actors.cost_model import RooflineCostModel, gemm_bytes
 from config import default_catalog
 from config.hardware import OpFit
@@ -62,3 +62,20 @@ def test_cost_model_reads_its_gemms_at_the_padded_m() -> None:
     assert gemm(tiled, 257) == pytest.approx(gemm(smooth, 768))  # an unaligned m past 256 pays a tile more
     assert gemm(tiled, 256) == pytest.approx(gemm(smooth, 256))  # a bucket's own m is unchanged
     assert gemm(tiled, 17) == pytest.approx(gemm(smooth, 64)) and gemm(tiled, 17) > gemm(smooth, 17)
+
+
+def test_h200_fits_its_fp8_table_at_the_padded_m_and_serves_the_curve_at_the_served_m() -> None:
+    # GEMM_TILE_TABLES without GEMM_TILE_SERVED: the calibration reads the table's rows at the padded m, the preset's
+    # fit carries no m_tiles, so the cost model reads the fitted curve at the m it serves (257 stays 257).
+    assert m_tiles("h200-141g-sxm", "gemm_fp8") == TILES and served_m_tiles("h200-141g-sxm", "gemm_fp8") == []
+    assert set(GEMM_TILE_TABLES) >= GEMM_TILE_SERVED
+    hw = CAT.hardware.get("h200-141g-sxm")
+    fit = hw.efficiency.gemm_fp8
+    assert fit.m_tiles == [] and fit.padded_m(257) == 257
+    model = CAT.models.get("llama-3.1-70b-fp8")
+    eff = hw.efficiency.model_copy(update={"gemm_fp8_bf16_bound": False})
+    cost = RooflineCostModel(hw, model, 1, eff)
+    m, n, k = 257, 4096, 4096
+    read = fit.ms(2.0 * m * n * k, gemm_bytes(m, n, k, 1.0), m, hw.tflops("fp8") * 1e9, hw.hbm_bandwidth_gbps * 1e6, n,
+                  depth=k, outputs=m * n)
+    assert cost.gemm_ms(m, n, k) == pytest.approx(read)
