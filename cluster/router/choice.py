@@ -6,7 +6,8 @@
   hashes, computed as the engines will (same tokenizer, same hashing), and each candidate's prefix overlap
   from the prefix index (the engines' KV events, plus what the router sent where and the events have not
   confirmed yet: ``InflightPrefixes``) or the approximate index (what the router sent where); a prompt
-  that misses every cache may be ranked from its head and token count, its tail tokenized once it is sent
+  that misses every cache (or extends one the prompt memo holds, past what any candidate holds) may be ranked
+  from its head and token count, its tail tokenized once it is sent
   (``defer_tail``, ``complete``);
 - ``rank``: the region strategy orders the pool, the policy choosing within it.
 
@@ -167,7 +168,9 @@ class Chooser:
         ranked from those blocks' overlaps and the prompt's token count alone; the rest of it is tokenized
         and hashed, and the attempt's in-flight record made, by ``complete``. A cache miss is the first
         request of a new prefix, whose words the router has mostly never met: tokenizing them all was ~1-2 ms
-        of its CPU before the send (``bench/router_miss``). Every ``prepare`` first completes the contexts
+        of its CPU before the send (``bench/router_miss``). A prompt that extends one the prompt memo holds is
+        ranked the same way from the memo's blocks and the next one when no candidate holds that next block
+        (``_known_head``: a prefix-cache hit with a new ending). Every ``prepare`` first completes the contexts
         still pending, so each decision sees every earlier request's in-flight record, as without deferral."""
         self.flush()
         if not self.needs_prefix(policy):
