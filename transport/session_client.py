@@ -269,23 +269,23 @@ class Client:
         future (:meth:`on_ack`), and :meth:`finish_small` (or :meth:`abandon_small`) ends the push. Same
         frames, answers and failure behaviour as :meth:`push` without a gate; a push given up before its
         answer sends ``CANCEL``. Its deadline is the client's shared sweep, not a timer of its own.
+
+        The frame is written before the push is registered (its future, ``pending``, the sweep): its answer is
+        read by a callback of this same loop, which cannot run before this call returns, and a connection lost
+        while writing is reported by a callback too (asyncio and uvloop both defer ``connection_lost``). So
+        the receiver starts on the push while this side does that bookkeeping, not after it.
         """
         conn = self.conn
         n = block.payload.nbytes
         if conn is None or not conn.ready or not self.budget.try_acquire(n):
             return None
+        t0 = time.perf_counter()
         owner = self.owner
         clock = owner.clock
         start = clock.now_ms()
         timeout_s = max(0.0, clock.to_wall_s(owner.options.default_timeout_ms if deadline_ms is None
                                              else deadline_ms - start))
-        loop = asyncio.get_running_loop()
-        due = loop.time() + timeout_s
         tid = next(self.ids)
-        reply = self.pending[tid] = Reply(loop.create_future(), due, tid, request_id, address, n, start,
-                                          time.perf_counter())
-        if due < self._sweep_at:
-            self._watch(loop, due)
         try:
             payload = block.payload
             if block.checksum is not None:
@@ -304,9 +304,13 @@ class Client:
             else:
                 conn.send_encoded(head, payload)
         except BaseException:  # nothing was written: no CANCEL, nothing maybe delivered
-            del self.pending[tid]
             self.budget.release(n)
             raise
+        loop = asyncio.get_running_loop()  # written: now what its answer (or its deadline) will need
+        due = loop.time() + timeout_s
+        reply = self.pending[tid] = Reply(loop.create_future(), due, tid, request_id, address, n, start, t0)
+        if due < self._sweep_at:
+            self._watch(loop, due)
         return reply
 
     def finish_small(self, reply: Reply) -> TransferRecord:
