@@ -147,13 +147,15 @@ def _samples(family: str, source: str, flops: np.ndarray, nbytes: np.ndarray, si
                      None if outputs is None else outputs[ok].astype(float))
 
 
-def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str) -> OpSamples | None:
+def _gemm(root: Path, hw: HardwareProfile, dtype: str, family: str, served: bool) -> OpSamples | None:
+    """GEMM rows at m as the fit reads them (``served`` False: ``GEMM_TILE_TABLES``' buckets) or as the cost model
+    serves them (True: ``GEMM_TILE_SERVED``'s), which is what every reported error uses."""
     ver = _latest(root / "gemm" / "vllm")
     t = _table(ver, "gemm_perf.parquet")
     if t is None:
         return None
     t = _where(t, t["gemm_dtype"] == dtype)
-    tiles = OpFit(m_tiles=m_tiles(hw.name, family))  # m as the kernel runs it (GEMM_TILE_TABLES)
+    tiles = OpFit(m_tiles=(served_m_tiles if served else m_tiles)(hw.name, family))
     m, n, k = np.array([tiles.padded_m(x) for x in t["m"]], dtype=float), t["n"].astype(float), t["k"].astype(float)
     wb, peak = (1.0, hw.tflops("fp8")) if dtype == "fp8" else (2.0, hw.tflops("bf16"))
     return _samples(family, f"gemm {dtype} vLLM {ver.name if ver else '?'}", 2 * m * n * k, gemm_bytes(m, n, k, wb),
@@ -302,11 +304,12 @@ def fp8_gemm_speedup(gpu_dir: Path) -> dict[str, float]:
     return out
 
 
-def load_op_tables(hw: HardwareProfile, gpu_dir: Path) -> dict[str, OpSamples]:
-    """Every op family's samples for ``hw`` from its table folder (families without a table are absent)."""
+def load_op_tables(hw: HardwareProfile, gpu_dir: Path, served: bool = True) -> dict[str, OpSamples]:
+    """Every op family's samples for ``hw`` from its table folder (families without a table are absent).
+    ``served`` False: GEMM rows at the m the fit reads (``_gemm``); errors are always taken on the served rows."""
     loaders: dict[str, Callable[[], OpSamples | None]] = {
-        "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm"),
-        "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8"),
+        "gemm": lambda: _gemm(gpu_dir, hw, "bfloat16", "gemm", served),
+        "gemm_fp8": lambda: _gemm(gpu_dir, hw, "fp8", "gemm_fp8", served),
         "attention_prefill": lambda: _attention(gpu_dir, hw, True),
         "attention_decode": lambda: _attention(gpu_dir, hw, False),
         "attention_decode_fp8": lambda: _attention(gpu_dir, hw, False, "fp8"),
@@ -513,7 +516,7 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
     (``EXCLUDED_TABLES``) takes the named GPU's fit, from ``fitted`` (this run's) or the presets."""
     hw = cat.hardware.get(hw_name)
     gpu_dir = data / OP_TABLE_GPUS[hw_name]
-    samples = load_op_tables(hw, gpu_dir)
+    samples = load_op_tables(hw, gpu_dir, served=False)
     if not samples:
         raise ValueError(f"no op tables for {hw_name} under {gpu_dir}")
     fits = {}
@@ -537,7 +540,8 @@ def fit_hardware_ops(cat: Catalog, hw_name: str, data: Path = OP_DATA,
     upd["gemm_fp8_bf16_bound"] = hw_name in FP8_GEMM_BF16_BOUND
     upd["fitted_on"] = f"aiconfigurator_vllm op tables, {OP_TABLE_GPUS[hw_name]} ({', '.join(versions)})"
     eff = base.model_copy(update=upd)
-    errors = [op_error(hw_name, _family_fit(eff, fam), s) for fam, s in samples.items()]
+    served = load_op_tables(hw, gpu_dir)  # the error of what the cost model serves, not of the fit's reading
+    errors = [op_error(hw_name, _family_fit(eff, fam), s) for fam, s in served.items()]
     return OpFitResult(hw_name, eff, errors)
 
 

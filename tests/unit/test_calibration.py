@@ -283,3 +283,16 @@ def test_h200_decode_attention_leaves_out_rows_slower_than_h100s(op_data: Path) 
     fit = h200.efficiency.decode_attention("fp8")
     flops = float(ref.flops[(ref.nbytes == nbytes) & (ref.size == 32) & (ref.width == 32)][0])
     assert fit.ms(flops, nbytes, 32, kept.flops_per_ms, kept.bytes_per_ms, 32) <= SIBLING_MAX_RATIO * h100_ms
+
+
+def test_reported_gemm_errors_are_the_served_models_not_the_fits_reading(op_data: Path) -> None:
+    # H200 gemm_fp8 is fitted at the m buckets' padded m (GEMM_TILE_TABLES) but served at the raw m: the rows its error
+    # is taken on keep the raw m (257 stays 257), while the rows it is fitted on read 257 as 768.
+    hw = CAT.hardware.get("h200-141g-sxm")
+    folder = op_data / OP_TABLE_GPUS["h200-141g-sxm"]
+    served = load_op_tables(hw, folder)["gemm_fp8"]
+    fitted = load_op_tables(hw, folder, served=False)["gemm_fp8"]
+    assert 257 in set(served.size.tolist()) and 257 not in set(fitted.size.tolist())
+    assert len(served) == len(fitted)
+    err = {e.family: e for e in current_op_errors(CAT, "h200-141g-sxm", op_data)}["gemm_fp8"]
+    assert err == op_error("h200-141g-sxm", CAT.hardware.get("h200-141g-sxm").efficiency.gemm_fp8, served)
