@@ -294,15 +294,7 @@ class FrameDecoder:
                 return []  # one): the staging area is empty in direct mode, so nothing else can complete
         else:
             self._w += nbytes
-        if self._failed is not None:  # what _process does, inline: this runs once per read
-            raise self._failed
-        out: list[Frame] = []
-        try:
-            self._step_all(out)
-        except FrameError as e:
-            self._abandon(out, e)
-            raise
-        return out
+        return self._process()
 
     def resume(self) -> list[Frame]:
         """Retry after the pool released buffers; returns frames completed by bytes already staged."""

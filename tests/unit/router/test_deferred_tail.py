@@ -83,6 +83,29 @@ def body(prefix: int, rng: random.Random, words: int) -> dict[str, Any]:
     return {"model": "m", "prompt": ids_to_text(ids), "max_tokens": 8, "stream": True}
 
 
+Side = tuple[Chooser, RoutingPolicy, list[WorkerInfo]]
+
+
+def route_both(lazy: Side, eager: Side, a: dict[str, Any], b: dict[str, Any], send_at_once: bool) -> bool:
+    """Route body ``a`` through the deferring chooser and the same body ``b`` through the eager one: the same block
+    count, overlaps and ranking; once the deferred side is sent (``send_at_once``), the same ids and hashes. Whether
+    the deferring side left its tail for after the send."""
+    (lc, lp, lws), (ec, ep, ews) = lazy, eager
+    ctx_a, ctx_b = RequestContext(a), RequestContext(b)
+    lc.prepare(lp, ctx_a, RoutedRequest.of(a, False), lws, defer_tail=True)
+    ec.prepare(ep, ctx_b, RoutedRequest.of(b, False), ews)
+    assert ctx_a.num_blocks == ctx_b.num_blocks and ctx_a.overlap == ctx_b.overlap
+    ra, rb = lc.rank(lp, lws, ctx_a), ec.rank(ep, ews, ctx_b)
+    assert [w.name for w in ra] == [w.name for w in rb]
+    lc.routed(lp, ra[0], ctx_a)
+    ec.routed(ep, rb[0], ctx_b)
+    tail_waits = ctx_a.tail is not None
+    if send_at_once:
+        lc.complete(ctx_a)
+        assert ctx_a.prompt_ids == ctx_b.prompt_ids and ctx_a.block_hashes == ctx_b.block_hashes
+    return tail_waits
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from(["events", "approximate"]), st.lists(st.tuples(st.integers(0, 5), st.booleans()),
                                                               min_size=1, max_size=30), st.integers(0, 2**16))
@@ -96,18 +119,7 @@ def test_deferred_tails_decide_and_record_as_a_prompt_tokenized_first(
     deferred = 0
     for prefix, send_at_once in requests:
         a, b = body(prefix, rng_a, 40 + 16 * prefix), body(prefix, rng_b, 40 + 16 * prefix)
-        ctx_a, ctx_b = RequestContext(a), RequestContext(b)
-        lazy.prepare(lazy_policy, ctx_a, RoutedRequest.of(a, False), lazy_ws, defer_tail=True)
-        eager.prepare(eager_policy, ctx_b, RoutedRequest.of(b, False), eager_ws)
-        deferred += ctx_a.tail is not None
-        assert ctx_a.num_blocks == ctx_b.num_blocks and ctx_a.overlap == ctx_b.overlap
-        ra, rb = lazy.rank(lazy_policy, lazy_ws, ctx_a), eager.rank(eager_policy, eager_ws, ctx_b)
-        assert [w.name for w in ra] == [w.name for w in rb]
-        lazy.routed(lazy_policy, ra[0], ctx_a)
-        eager.routed(eager_policy, rb[0], ctx_b)
-        if send_at_once:
-            lazy.complete(ctx_a)
-            assert ctx_a.prompt_ids == ctx_b.prompt_ids and ctx_a.block_hashes == ctx_b.block_hashes
+        deferred += route_both((lazy, lazy_policy, lazy_ws), (eager, eager_policy, eager_ws), a, b, send_at_once)
     lazy.flush()
     assert deferred >= 1  # the first request of a prefix misses everywhere: its tail waited
     every = [w.name for w in lazy_ws]
@@ -181,18 +193,8 @@ def test_a_known_prefix_ranked_before_its_new_part_decides_and_records_as_tokeni
     lazy, lazy_policy, lazy_ws = chooser(mode)
     eager, eager_policy, eager_ws = chooser(mode)
     for prefix, suffix, words, send_at_once in requests:
-        a, b = long_body(prefix, suffix, words), long_body(prefix, suffix, words)
-        ctx_a, ctx_b = RequestContext(a), RequestContext(b)
-        lazy.prepare(lazy_policy, ctx_a, RoutedRequest.of(a, False), lazy_ws, defer_tail=True)
-        eager.prepare(eager_policy, ctx_b, RoutedRequest.of(b, False), eager_ws)
-        assert ctx_a.num_blocks == ctx_b.num_blocks and ctx_a.overlap == ctx_b.overlap
-        ra, rb = lazy.rank(lazy_policy, lazy_ws, ctx_a), eager.rank(eager_policy, eager_ws, ctx_b)
-        assert [w.name for w in ra] == [w.name for w in rb]
-        lazy.routed(lazy_policy, ra[0], ctx_a)
-        eager.routed(eager_policy, rb[0], ctx_b)
-        if send_at_once:
-            lazy.complete(ctx_a)
-            assert ctx_a.prompt_ids == ctx_b.prompt_ids and ctx_a.block_hashes == ctx_b.block_hashes
+        route_both((lazy, lazy_policy, lazy_ws), (eager, eager_policy, eager_ws), long_body(prefix, suffix, words),
+                   long_body(prefix, suffix, words), send_at_once)
     lazy.flush()
     every = [w.name for w in lazy_ws]
     for prefix, suffix, words, _ in requests:
