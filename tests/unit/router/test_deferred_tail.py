@@ -19,7 +19,7 @@ from cluster.router.choice import Chooser, RoutedRequest
 from cluster.router.exchange import Call
 from cluster.router.policies import RoutingPolicy
 from cluster.router.regions import Topology
-from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerInfo
+from cluster.router.view import ClusterView, RequestContext, RoutingConfig, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
 from tests.unit.router.conftest import workers
 from tests.unit.router.fakes import Answer, FakeClient, token_events
@@ -106,6 +106,15 @@ def route_both(lazy: Side, eager: Side, a: dict[str, Any], b: dict[str, Any], se
     return tail_waits
 
 
+def same_index(lazy: Chooser, eager: Chooser, mode: str, bodies: list[dict[str, Any]], names: list[WorkerId]) -> None:
+    """Both choosers' indexes (``mode``'s) give the same overlaps on every worker for each of ``bodies``' prompts."""
+    for b in bodies:
+        hashes = [int(h) for h in hash_request_blocks(TOK.encode(b["prompt"]), 16)]
+        index_a = lazy.approx if mode == "approximate" else lazy.index
+        index_b = eager.approx if mode == "approximate" else eager.index
+        assert index_a.overlap(hashes, names, 0.0) == index_b.overlap(hashes, names, 0.0)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from(["events", "approximate"]), st.lists(st.tuples(st.integers(0, 5), st.booleans()),
                                                               min_size=1, max_size=30), st.integers(0, 2**16))
@@ -122,13 +131,9 @@ def test_deferred_tails_decide_and_record_as_a_prompt_tokenized_first(
         deferred += route_both((lazy, lazy_policy, lazy_ws), (eager, eager_policy, eager_ws), a, b, send_at_once)
     lazy.flush()
     assert deferred >= 1  # the first request of a prefix misses everywhere: its tail waited
-    every = [w.name for w in lazy_ws]
-    for prefix in range(6):  # what the index learnt: each prefix's blocks where it was sent
-        probe = TOK.encode(body(prefix, random.Random(0), 40 + 16 * prefix)["prompt"])
-        hashes = [int(h) for h in hash_request_blocks(probe, 16)]
-        index_a = lazy.approx if mode == "approximate" else lazy.index
-        index_b = eager.approx if mode == "approximate" else eager.index
-        assert index_a.overlap(hashes, every, 0.0) == index_b.overlap(hashes, every, 0.0)
+    # what the index learnt: each prefix's blocks where it was sent
+    same_index(lazy, eager, mode, [body(prefix, random.Random(0), 40 + 16 * prefix) for prefix in range(6)],
+               [w.name for w in lazy_ws])
 
 
 def test_a_failed_attempt_leaves_no_in_flight_record_when_its_tail_completes() -> None:
@@ -196,13 +201,8 @@ def test_a_known_prefix_ranked_before_its_new_part_decides_and_records_as_tokeni
         route_both((lazy, lazy_policy, lazy_ws), (eager, eager_policy, eager_ws), long_body(prefix, suffix, words),
                    long_body(prefix, suffix, words), send_at_once)
     lazy.flush()
-    every = [w.name for w in lazy_ws]
-    for prefix, suffix, words, _ in requests:
-        probe = TOK.encode(long_body(prefix, suffix, words)["prompt"])
-        hashes = [int(h) for h in hash_request_blocks(probe, 16)]
-        index_a = lazy.approx if mode == "approximate" else lazy.index
-        index_b = eager.approx if mode == "approximate" else eager.index
-        assert index_a.overlap(hashes, every, 0.0) == index_b.overlap(hashes, every, 0.0)
+    same_index(lazy, eager, mode, [long_body(prefix, suffix, words) for prefix, suffix, words, _ in requests],
+               [w.name for w in lazy_ws])
 
 
 def test_a_known_prefix_with_a_new_part_is_sent_before_the_new_part_is_tokenized() -> None:
