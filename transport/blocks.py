@@ -220,8 +220,7 @@ class Delivery:
             except (TypeError, ValueError, NotImplementedError):  # another size, format or shape: checked
                 views = [_destination(b, memoryview(dst)) for b, dst in zip(blocks, into, strict=True)]
             out = DetachedBlocks(blocks, views)
-        if self._leases:  # (an inproc delivery holds none: no call)
-            self.release()
+        self.release()
         return out
 
     def __enter__(self) -> Delivery:

@@ -95,8 +95,7 @@ class EndpointBase:
 
     async def receive(self, request_id: RequestId, *, count: int = 1, deadline_ms: float | None = None) -> Delivery:
         """Wait until at least ``count`` pushed blocks of ``request_id`` are committed; take them all."""
-        if self._closed:
-            self._check_open()
+        self._check_open()
         here = self.inbox.take_if(request_id, count)
         if here is not None:  # already here: no timer needed
             return here
@@ -155,8 +154,7 @@ class ByteBudget:
 
     def release(self, n: int) -> None:
         self.used -= n
-        if self._waiters:  # (every small push releases: no call when nobody waits)
-            self._wake()
+        self._wake()
 
     def _wake(self) -> None:
         while self._waiters and self._fits(self._waiters[0][0]):

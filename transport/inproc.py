@@ -108,8 +108,7 @@ class InprocTransport(EndpointBase):
 
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         clock = self.clock
         start, t0 = clock.now_ms(), time.perf_counter()
         if gate is None:  # nothing to wait for: one synchronous step, no timer
