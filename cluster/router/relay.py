@@ -208,18 +208,19 @@ class Relay:
         return sse(shapes.chunk(choice.get("text", ""), finish, choice.get("token_ids")))
 
     async def finish(self, sink: Sink, st: StreamState) -> None:
-        """The whole stream's usage (when the client asked for it), then ``[DONE]``."""
+        """The whole stream's usage (when the client asked for it), then ``[DONE]``, in one write (one syscall
+        and one chunk of the client's chunked body, not two)."""
         if st.client_usage:
             prompt = st.prompt_tokens if st.prompt_tokens is not None else len(st.prompt_ids)
             shapes = st.identify(None, None, None)
-            await sink.write(sse(shapes.usage_chunk(prompt, len(st.token_ids), st.cached_tokens)))
+            await sink.write(sse(shapes.usage_chunk(prompt, len(st.token_ids), st.cached_tokens)) + SSE_DONE)
+            return
         await sink.write(SSE_DONE)
 
     @staticmethod
     async def fail(sink: Sink, status: int, message: str) -> None:
-        """End a begun stream with an error event and ``[DONE]`` (the client is never left waiting)."""
-        await sink.write(sse(error_body(status, message)))
-        await sink.write(SSE_DONE)
+        """End a begun stream with an error event and ``[DONE]`` in one write (the client is never left waiting)."""
+        await sink.write(sse(error_body(status, message)) + SSE_DONE)
 
     async def continue_on(self, workers: list[WorkerInfo], st: StreamState, *, model: str | None,
                           ignore_eos: bool, origin: str | None, sink: Sink) -> bool:
