@@ -180,3 +180,22 @@ def test_the_tracker_answers_as_plain_sets_of_tickets_would(ops: list[tuple[str,
         assert inflight.overlap(probe, [A, B], now) == want
         assert len(inflight) == len(ref.entries)
         assert all(inflight.holds(x, h) == ((x, h) in ref.entries) for x in (A, B) for h in probe)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=12), st.lists(st.integers(0, 9), max_size=12),
+       st.lists(st.integers(0, 9), min_size=1, max_size=14))
+def test_the_index_counts_leading_blocks_held_by_either_source(events: list[int], sent: list[int],
+                                                               probe: list[int]) -> None:
+    """A prefix whose blocks alternate between the events' set and in-flight entries, in runs of any length:
+    each worker's overlap is the leading blocks held by one source or the other (``_overlap_with_inflight``
+    walks the runs in C)."""
+    inflight = InflightPrefixes(ttl_ms=1000.0)
+    idx = PrefixIndex(inflight=inflight)
+    idx.apply_snapshot(A, 0, events)
+    idx.apply_snapshot(B, 0, sent)
+    inflight.record(A, sent, now_ms=0.0)
+    inflight.record(B, events, now_ms=0.0)
+    either = set(events) | set(sent)
+    want = next((i for i, h in enumerate(probe) if h not in either), len(probe))
+    assert idx.overlap(probe, [A, B], now_ms=1.0) == {A: want, B: want}
