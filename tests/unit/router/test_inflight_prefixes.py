@@ -188,8 +188,7 @@ def test_the_tracker_answers_as_plain_sets_of_tickets_would(ops: list[tuple[str,
 def test_the_index_counts_leading_blocks_held_by_either_source(events: list[int], sent: list[int],
                                                                probe: list[int]) -> None:
     """A prefix whose blocks alternate between the events' set and in-flight entries, in runs of any length:
-    each worker's overlap is the leading blocks held by one source or the other (``_overlap_with_inflight``
-    walks the runs in C)."""
+    each worker's overlap is the leading blocks held by one source or the other (``_overlap_with_inflight``)."""
     inflight = InflightPrefixes(ttl_ms=1000.0)
     idx = PrefixIndex(inflight=inflight)
     idx.apply_snapshot(A, 0, events)
