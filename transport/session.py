@@ -66,6 +66,7 @@ from transport.base import (
     TransportOptions,
     TransportStats,
 )
+from transport.coalesce import COALESCE_MAX
 from transport.connection import MAX_STAGED_PER_CONNECTION, SMALL_PUSH, YIELD_BYTES, Connection, Handler
 from transport.endpoint import Described, EndpointBase, within
 from transport.frame import (
@@ -84,6 +85,8 @@ class FramedTransport(EndpointBase):
     """A transport over framed connections; a backend supplies ``serve`` and ``_open`` (see the module docstring)."""
 
     name = "framed"
+    coalesce_bytes = COALESCE_MAX
+    """The most payload bytes of consecutive small blocks sent as one table frame (:mod:`transport.coalesce`)."""
 
     def __init__(self, site: Site, clock: ClockLike, options: TransportOptions | None = None) -> None:
         super().__init__(site, clock, options)

@@ -31,6 +31,7 @@ from transport.base import (
     error_from_wire,
 )
 from transport.checksum import ChecksumChoice, ChecksumName, checksum_of, pick
+from transport.coalesce import pack, runs, unpack
 from transport.connection import YIELD_BYTES, Connection
 from transport.endpoint import ByteBudget, Described
 from transport.frame import (
@@ -221,6 +222,8 @@ class Client:
             raise FrameError(f"a server sent a {f.type.name} frame, which only initiators send")
 
     def _accept_block(self, p: Pending, f: Frame) -> bool:
+        if "bt" in f.meta:
+            return self._accept_table(p, f)
         i, b, layers = field_int(f.meta, "i"), field_int(f.meta, "b"), field_layers(f.meta)
         if p.bad is not None:
             return False
@@ -233,6 +236,30 @@ class Client:
         assert f.lease is not None or f.payload.nbytes == 0
         p.blocks.append(Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo))
         if f.lease is not None:
+            p.leases.append(f.lease)
+        return True
+
+    def _accept_table(self, p: Pending, f: Frame) -> bool:
+        """Take the blocks of a table frame of a pull answer (:mod:`transport.coalesce`); False when the frame
+        is not kept (the caller releases it)."""
+        try:
+            i = field_int(f.meta, "i")
+            blocks, bad = unpack(f.meta["bt"], f.payload)
+        except FrameError:
+            f.release()
+            raise
+        if p.bad is not None:
+            return False
+        ids = [b.block_id for b in blocks]
+        if i != len(p.blocks) or list(p.expect[i:i + len(ids)]) != ids:
+            p.bad = FrameError(f"pull answer blocks #{i}.. (ids {ids[0]}..) are not the ones requested")
+            return False
+        if not f.intact or bad is not None:
+            which = f"block {bad}" if bad is not None else f"blocks {ids[0]}..{ids[-1]}"
+            p.bad = IntegrityError(f"{which} arrived corrupted (payload checksum mismatch)")
+            return False
+        p.blocks.extend(blocks)
+        if f.lease is not None:  # one lease for the whole pull answer frame: its blocks are delivered together
             p.leases.append(f.lease)
         return True
 
@@ -364,21 +391,32 @@ class Client:
                 held = 0
                 raise
             end = {"r": request_id, "n": len(blocks), "c": gate is None, "x": expires_at}
-            last = len(blocks) - 1
+            count = len(blocks)
             unyielded = 0
             sums = self._checksums_ahead(blocks, algo)
-            for i, b in enumerate(blocks):
+            for lo, hi in runs(blocks, self.owner.coalesce_bytes) if count > 1 else ((0, count),) if count else ():
                 if unyielded >= YIELD_BYTES:
                     unyielded = 0
                     await asyncio.sleep(0)  # let concurrent transfers interleave
-                unyielded += b.nbytes
-                if sums is not None and (ahead := sums[i]) is not None:
-                    b = Block.decoded(b.block_id, b.payload, b.layers, await ahead, pick(algo, b.nbytes))
-                await conn.drain()
-                meta: dict[str, Any] = {"t": tid, "i": i, "b": b.block_id, "l": list(b.layers)}
-                if i == last:
-                    meta.update(end)  # the last block ends the push: one frame fewer per push
-                conn.send(FrameType.PUSH_DATA, meta, block=b, algo=algo)
+                meta: dict[str, Any]
+                if hi - lo == 1:
+                    b = blocks[lo]
+                    unyielded += b.nbytes
+                    if sums is not None and (ahead := sums[lo]) is not None:
+                        b = Block.decoded(b.block_id, b.payload, b.layers, await ahead, pick(algo, b.nbytes))
+                    await conn.drain()
+                    meta = {"t": tid, "i": lo, "b": b.block_id, "l": list(b.layers)}
+                    if hi == count:
+                        meta.update(end)  # the last frame ends the push: one frame fewer per push
+                    conn.send(FrameType.PUSH_DATA, meta, block=b, algo=algo)
+                else:  # consecutive small blocks: one table frame (transport.coalesce)
+                    table, payload = pack(blocks[lo:hi], algo)
+                    unyielded += len(payload)
+                    await conn.drain()
+                    meta = {"t": tid, "i": lo, "bt": table}
+                    if hi == count:
+                        meta.update(end)
+                    conn.send(FrameType.PUSH_DATA, meta, memoryview(payload), algo=algo)
             if not blocks:
                 await conn.drain()
                 conn.send(FrameType.PUSH_END, {"t": tid, **end})

@@ -16,12 +16,14 @@ from transport.base import (
     FrameError,
     IntegrityError,
     PeerGone,
+    Releasable,
     RequestId,
     TransferTimeout,
     TransportClosed,
     TransportError,
 )
 from transport.checksum import ChecksumName
+from transport.coalesce import pack, runs, share, unpack
 from transport.connection import MAX_STAGED_PER_CONNECTION, YIELD_BYTES, Connection
 from transport.frame import (
     PUSH_DATA,
@@ -52,8 +54,8 @@ class Staged:
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
-        self.leases: list[Lease | None] = []
-        """Aligned with ``blocks`` (None for an empty payload)."""
+        self.leases: list[Releasable | None] = []
+        """Aligned with ``blocks`` (None for an empty payload; a part of a shared lease for a table frame's block)."""
         self.bad: TransportError | None = None
         self.request_id: RequestId = RequestId("")
 
@@ -78,7 +80,8 @@ class Server:
         t = f.meta["t"] if f.checked else field_int(f.meta, "t")
         ft = f.type
         if ft == PUSH_DATA:
-            if (f.checked or (f.meta.get("n") == 1 and f.meta.get("c") is True)) and t not in self.staged:
+            if ((f.checked or (f.meta.get("n") == 1 and f.meta.get("c") is True and "bt" not in f.meta))
+                    and t not in self.staged):
                 self._push_one(t, f)  # the small-push fast path: one block, committed at once
                 return
             self._stage(t, f)
@@ -126,6 +129,10 @@ class Server:
                 f.release()
                 raise FrameError(f"more than {MAX_STAGED_PER_CONNECTION} pushes staged on one connection")
             st = self.staged[t] = Staged()
+        table = f.meta.get("bt")
+        if table is not None:
+            self._stage_table(st, f, table)
+            return
         try:
             i, b, layers = field_int(f.meta, "i"), field_int(f.meta, "b"), field_layers(f.meta)
         except FrameError:
@@ -140,6 +147,27 @@ class Server:
             return
         st.blocks.append(Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo))
         st.leases.append(f.lease)
+
+    def _stage_table(self, st: Staged, f: Frame, table: Any) -> None:
+        """Stage the blocks of a table frame (:mod:`transport.coalesce`), each holding a part of its one lease."""
+        try:
+            i = field_int(f.meta, "i")
+            blocks, bad = unpack(table, f.payload)
+        except FrameError:
+            f.release()
+            raise
+        if st.bad is None and i != len(st.blocks):
+            st.bad = FrameError(f"push block #{i} arrived out of order")
+        elif st.bad is None and not f.intact:
+            st.bad = IntegrityError(f"blocks {blocks[0].block_id}..{blocks[-1].block_id} arrived corrupted "
+                                    "(payload checksum mismatch)")
+        elif st.bad is None and bad is not None:
+            st.bad = IntegrityError(f"block {bad} arrived corrupted (payload checksum mismatch)")
+        if st.bad is not None:
+            f.release()
+            return
+        st.blocks.extend(blocks)
+        st.leases.extend(share(f.lease, len(blocks)))
 
     def _push_one(self, t: int, f: Frame) -> None:
         """A whole one-block push that commits at once: what ``_stage`` + ``_end`` + ``_deliver`` do,
@@ -249,14 +277,20 @@ class Server:
             conn.send(FrameType.PULL_HEAD, {"t": t, "n": len(blocks), "bytes": sum(b.nbytes for b in blocks)})
             algo = self.owner.options.checksum
             unyielded = 0
-            for i, b in enumerate(blocks):
+            for lo, hi in runs(blocks, self.owner.coalesce_bytes):  # small blocks: table frames (transport.coalesce)
                 if unyielded >= YIELD_BYTES:
                     unyielded = 0
                     await asyncio.sleep(0)
-                unyielded += b.nbytes
                 await conn.drain()
-                conn.send(FrameType.PULL_DATA, {"t": t, "i": i, "b": b.block_id, "l": list(b.layers)},
-                          block=b, algo=algo)
+                if hi - lo == 1:
+                    b = blocks[lo]
+                    unyielded += b.nbytes
+                    conn.send(FrameType.PULL_DATA, {"t": t, "i": lo, "b": b.block_id, "l": list(b.layers)},
+                              block=b, algo=algo)
+                else:
+                    table, payload = pack(blocks[lo:hi], algo)
+                    unyielded += len(payload)
+                    conn.send(FrameType.PULL_DATA, {"t": t, "i": lo, "bt": table}, memoryview(payload), algo=algo)
             await conn.drain()
             conn.send(FrameType.PULL_END, {"t": t, "ok": True, "n": len(blocks)})
         except PeerGone:

@@ -460,6 +460,8 @@ class UcxTransport(FramedTransport):
     """KV transport over UCX (see the module docstring and :mod:`transport.session`)."""
 
     name = "ucx"
+    coalesce_bytes = INLINE_MAX
+    """A table frame's payload travels inside the control message, as the blocks' own frames would."""
 
     def __init__(self, site: Site, clock: ClockLike, options: TransportOptions | None = None) -> None:
         super().__init__(site, clock, ucx_options(options))
