@@ -14,7 +14,7 @@ import array
 import hashlib
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from hashlib import blake2b
 from itertools import chain, islice
 from typing import cast
@@ -119,17 +119,38 @@ class Tokenizer:
         miss after the send (``Chooser.complete``), the engines per prompt."""
         parts = text.split(" ")
         first = parts[0]
+        ids = self._ids_after_space(parts, 1, None)
+        return [*self._word_ids(first), *ids] if first else ids
+
+    def _ids_after_space(self, parts: list[str], start: int, stop: int | None) -> list[int]:
+        """The ids of ``parts[start:stop]``, each word after a space (``_encode_spaced``'s join, learning the words
+        it does not know yet)."""
         # (None for a word not known: the join's TypeError below, which is how unknown words are found)
         get = cast(Callable[[str], tuple[int, ...]], self._after_space.get)
         try:
-            ids = list(chain.from_iterable(map(get, islice(parts, 1, None))))
+            return list(chain.from_iterable(map(get, islice(parts, start, stop))))
         except TypeError:  # words not seen yet
-            self._learn(set(islice(parts, 1, None)).difference(self._after_space))
+            self._learn(set(islice(parts, start, stop)).difference(self._after_space))
             try:
-                ids = list(chain.from_iterable(map(get, islice(parts, 1, None))))
+                return list(chain.from_iterable(map(get, islice(parts, start, stop))))
             except TypeError:  # the cache is full: a word not kept is computed again
-                ids = [i for word in islice(parts, 1, None) for i in (get(word) or self._word_ids(" " + word))]
-        return [*self._word_ids(first), *ids] if first else ids
+                return [i for word in islice(parts, start, stop) for i in (get(word) or self._word_ids(" " + word))]
+
+    def encode_pieces(self, text: str, words: int) -> Iterator[list[int]]:
+        """``encode(text)`` in consecutive pieces of ``words`` words or fewer (joined, they are ``encode(text)``),
+        for a caller that lets other work run between pieces: a prompt of words the tokenizer has not met costs
+        ~1-2 us a word to learn (``Chooser.complete_soon``). Text ``encode`` does not cut with ``str.split`` is one
+        piece."""
+        if words <= 0:
+            raise ValueError("words must be positive")
+        if not self.spaced(text):
+            yield self.encode(text)
+            return
+        parts = text.split(" ")
+        if parts[0]:
+            yield list(self._word_ids(parts[0]))
+        for i in range(1, len(parts), words):
+            yield self._ids_after_space(parts, i, i + words)
 
     def split_head(self, text: str, head_tokens: int) -> tuple[list[int], str] | None:
         """The ids of ``text``'s first words, at least ``head_tokens`` of them (all when fewer), and the text

@@ -11,23 +11,24 @@
   (``defer_tail``, ``complete``);
 - ``rank``: the region strategy orders the pool, the policy choosing within it.
 
-The chooser holds no request state but the contexts whose tail is pending (each ``prepare`` completes them
-first); it is deterministic given its RNG and the view.
+The chooser holds no request state but the contexts whose tail is pending (a ``prepare`` first completes those
+whose prompt starts with its own first block, the only ones whose records it can use); it is deterministic given
+its RNG and the view.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any, cast
 
-from actors.engine.kv_blocks import hash_request_blocks
+from actors.engine.kv_blocks import BlockHash, hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
 from actors.openai_api import ApiError, ChatCompletionRequest, validate_request
 from cluster.router.policies import POLICIES, RoutingPolicy, make_policy
 from cluster.router.prefix_index import ApproximateIndex, InflightPrefixes, PrefixIndex
-from cluster.router.prompt_memo import MemoEntry, PromptMemo
+from cluster.router.prompt_memo import Encoded, MemoEntry, PromptMemo
 from cluster.router.regions import PrefillEstimate, Topology, make_region_strategy
 from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
@@ -35,6 +36,11 @@ from config.cluster import RouterSpec
 
 HEAD_BLOCKS = 2
 """Blocks of a prompt hashed before ranking it when the rest may wait (``Chooser.prepare``)."""
+LEARN_SLICE = 256
+"""Words of a deferred miss's tail tokenized per pass of the loop (``Chooser.complete_soon``): ~0.3-0.6 ms of CPU
+when they are new to the tokenizer."""
+HASH_SLICE = 48
+"""Blocks of a deferred miss's tail hashed per pass of the loop (``Chooser.complete_soon``): ~0.1-0.2 ms of CPU."""
 WHOLE_REQUEST_ROLES = ("colocated", "decode")
 """Roles that serve a whole request: colocated engines, and decode engines in a P/D cluster."""
 
@@ -121,9 +127,11 @@ class Chooser:
             m = self._memos[(vocab, block_size)] = PromptMemo(self._tokenizer(vocab), block_size)
         return m
 
-    def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo]) -> None:
+    def fill_prompt(self, ctx: RequestContext, req: RoutedRequest, workers: list[WorkerInfo],
+                    known: Encoded | None = None) -> None:
         """Token ids and block hashes as the engines will compute them. A prompt that is not one of the
-        accepted shapes yields no ids here (the engine's 400 will reach the client)."""
+        accepted shapes yields no ids here (the engine's 400 will reach the client). ``known``: a text prompt's
+        ids and hashes, computed already (``complete_soon``)."""
         self.complete(ctx)
         if ctx.prompt_ids or not workers:
             return
@@ -139,9 +147,13 @@ class Chooser:
                 if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
                     p = p[0]
                 if isinstance(p, str) and not self.use_memo:
-                    ctx.prompt_ids, ctx.text = tok.encode(p), p
+                    ids, hashes = known if known is not None else (tok.encode(p), None)
+                    ctx.prompt_ids, ctx.text = ids, p
+                    if hashes is not None:
+                        ctx.block_hashes = cast(list[int], hashes)
+                        return
                 elif isinstance(p, str):  # a hit repeats text met before: tokenized and hashed from where it parts
-                    ids, hashes = self.memo(workers[0].vocab_size, workers[0].block_size).encode(p)
+                    ids, hashes = self.memo(workers[0].vocab_size, workers[0].block_size).encode(p, known)
                     ctx.prompt_ids, ctx.text, ctx.block_hashes = ids, p, cast(list[int], hashes)  # BlockHash is an int
                     return
                 elif isinstance(p, list) and all(isinstance(x, int) for x in p):
@@ -171,13 +183,17 @@ class Chooser:
         of its CPU before the send (``bench/router_miss``). A prompt that extends one the prompt memo holds is
         ranked the same way from the memo's blocks and the next one when no candidate holds that next block
         (``_known_head``: a prefix-cache hit with a new ending). Every ``prepare`` first completes the contexts
-        still pending, so each decision sees every earlier request's in-flight record, as without deferral."""
-        self.flush()
+        still pending whose prompt starts with the same block (``_flush_sharing``), so each decision sees every
+        earlier request's in-flight record that can count in it, as without deferral: a record counts *leading*
+        blocks, and block hashes chain from the first, so a prompt that starts with another block can overlap
+        none of another's. A request for another prefix then no longer waits for a miss's tail it cannot use.
+        A policy that needs no prefix reads no index, and waits for none."""
         if not self.needs_prefix(policy):
             return
         if defer_tail and self._head_only(policy, ctx, req, pool):
             return
         self.fill_prompt(ctx, req, pool)
+        self._flush_sharing(ctx.block_hashes)
         ctx.overlap = self.overlap(ctx, pool)
         self.price_tiers(ctx, pool)
 
@@ -205,7 +221,7 @@ class Chooser:
         hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
         if len(hashes) < HEAD_BLOCKS:
             return False  # a short prompt: nothing to save
-        return self._defer(ctx, req, pool, p, hashes, count)
+        return self._defer(ctx, req, pool, p, hashes, count, fresh=tok)
 
     def _known_head(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, chars: int,
                     tokens: int, entry: MemoEntry) -> bool:
@@ -233,22 +249,25 @@ class Chooser:
         return self._defer(ctx, req, pool, p, hashes, count)
 
     def _defer(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, hashes: list[int],
-               count: int) -> bool:
+               count: int, fresh: Tokenizer | None = None) -> bool:
         """Rank from the leading ``hashes`` and the prompt's token ``count`` when no candidate holds all of them
-        (each worker's overlap is then final); the rest is left to ``complete``."""
+        (each worker's overlap is then final); the rest is left to ``complete`` (``fresh``: the tokenizer, when
+        the prompt's words are likely new to it, a miss's: ``complete_soon`` tokenizes it in slices)."""
+        self._flush_sharing(hashes)
         overlap = self._overlap_of(hashes, pool)
         if max(overlap.values(), default=0) >= len(hashes):
             return False  # some worker may hold more: walk the whole prompt
         bs = pool[0].block_size
         ctx.overlap, ctx.text = overlap, p
         ctx.counted_tokens, ctx.counted_blocks = count, count // bs
-        ctx.tail = functools.partial(self._finish_tail, ctx, req, pool)
+        ctx.tail = _Tail(self, ctx, req, pool, hashes[0], fresh)
         self._pending.append(ctx)
         return True
 
-    def _finish_tail(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo]) -> None:
+    def _finish_tail(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo],
+                     known: Encoded | None = None) -> None:
         ctx.tail = None
-        self.fill_prompt(ctx, req, pool)  # as many blocks as counted (Tokenizer.head_and_count, tested)
+        self.fill_prompt(ctx, req, pool, known)  # as many blocks as counted (Tokenizer.head_and_count, tested)
         ctx.counted_tokens = ctx.counted_blocks = None
         if ctx.routed_to is not None:
             self._record(ctx.routed_to, ctx)
@@ -258,6 +277,45 @@ class Chooser:
         if ctx.tail is not None:
             self._pending = [c for c in self._pending if c is not ctx]
             ctx.tail()
+
+    async def complete_soon(self, ctx: RequestContext) -> None:
+        """``complete``, for a deferred miss a slice at a time with the loop let go between slices: its words
+        ``LEARN_SLICE`` at a time (``Tokenizer.encode_pieces``), its blocks ``HASH_SLICE`` at a time. A new
+        prefix's words are mostly new to the router's tokenizer: its tail held the loop for ~3-5 ms after the send,
+        delaying every other request's relay and ranking meanwhile. What ``complete`` then records is the same
+        (``fill_prompt`` takes the ids and hashes as they would have been computed). A ``prepare`` between two
+        slices that needs this context completes it itself (``_flush_sharing``), and the slices stop."""
+        tail = ctx.tail
+        if not isinstance(tail, _Tail) or tail.fresh is None:
+            self.complete(ctx)
+            return
+        ids: list[int] = []
+        for piece in tail.fresh.encode_pieces(ctx.text, LEARN_SLICE):
+            ids += piece
+            await asyncio.sleep(0)
+            if ctx.tail is not tail:
+                return  # completed meanwhile
+        bs = tail.pool[0].block_size
+        hashes: list[BlockHash] = []
+        while len(hashes) < len(ids) // bs:
+            hashes = hash_request_blocks(ids, bs, start=hashes, limit=len(hashes) + HASH_SLICE)
+            await asyncio.sleep(0)
+            if ctx.tail is not tail:
+                return
+        tail.known = (ids, hashes)
+        self.complete(ctx)
+
+    def _flush_sharing(self, hashes: list[int]) -> None:
+        """Complete the pending contexts whose prompt starts with block ``hashes[0]`` (all of them for a prompt
+        with no full block): the only ones whose in-flight records can count in its overlap (``prepare``)."""
+        if not self._pending:
+            return
+        if not hashes:
+            self.flush()
+            return
+        first = hashes[0]
+        for c in [c for c in self._pending if cast(_Tail, c.tail).first == first]:
+            self.complete(c)
 
     def flush(self) -> None:
         """Complete every context still pending."""
@@ -314,3 +372,21 @@ class Chooser:
     def drop_worker(self, name: WorkerId) -> None:
         self.index.drop_worker(name)
         self.approx.drop_worker(name)
+
+
+@dataclass(eq=False)
+class _Tail:
+    """A deferred context's ``tail``: ``Chooser._finish_tail``; the hash of the prompt's first block; the tokenizer
+    that meets the prompt's words for the first time when they are likely new (a miss; None for a prefix the memo
+    knows); the ids and hashes ``complete_soon`` computed."""
+
+    chooser: Chooser
+    ctx: RequestContext
+    req: RoutedRequest
+    pool: list[WorkerInfo]
+    first: int
+    fresh: Tokenizer | None
+    known: Encoded | None = None
+
+    def __call__(self) -> None:
+        self.chooser._finish_tail(self.ctx, self.req, self.pool, self.known)

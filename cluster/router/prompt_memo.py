@@ -32,6 +32,8 @@ import numpy as np
 from actors.engine.kv_blocks import BlockHash, hash_request_blocks
 from actors.engine.tokenizer import MAX_PIECE, Tokenizer
 
+Encoded = tuple[list[int], list[BlockHash]]
+"""A prompt's token ids and its full blocks' hashes."""
 KEY_CHARS = 64
 """Characters of a prompt's start that name its bucket (a shared prefix of one stride is longer than this)."""
 
@@ -65,13 +67,21 @@ class PromptMemo:
         self.hits = 0
         self.misses = 0
 
-    def encode(self, text: str) -> tuple[list[int], list[BlockHash]]:
-        """``text``'s ids and full-block hashes, as ``Tokenizer.encode`` and ``hash_request_blocks`` give them."""
+    def encode(self, text: str, known: Encoded | None = None) -> Encoded:
+        """``text``'s ids and full-block hashes, as ``Tokenizer.encode`` and ``hash_request_blocks`` give them.
+        ``known``: those two, computed already by the caller (``Chooser.complete_soon``, a slice at a time): they
+        are returned, and the memo learns the text as it would have."""
         if not self.tok.spaced(text):
+            if known is not None:
+                return known
             ids = self.tok.encode(text)
             return ids, hash_request_blocks(ids, self.block_size)
         chars, tokens, entry = self._match(text)
-        if entry is None:
+        if known is not None:
+            ids, hashes = known
+            self.hits += entry is not None
+            self.misses += entry is None
+        elif entry is None:
             self.misses += 1
             ids = self.tok.encode(text)
             hashes = hash_request_blocks(ids, self.block_size)

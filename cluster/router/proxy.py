@@ -143,11 +143,16 @@ class ColocatedFlow:
             try:
                 try:
                     up = await self.upstream.request("POST", worker.url, p.call.path, payload, headers)
-                except UpstreamError as e:
-                    raise _Failed(f"{worker.name}: {e}") from None
-                finally:
-                    self.chooser.complete(p.ctx)  # the request is on its way: tokenize what ranking skipped
+                except BaseException as e:
+                    self.chooser.complete(p.ctx)  # (its record goes with the attempt: ``Chooser.failed``)
+                    if isinstance(e, UpstreamError):
+                        raise _Failed(f"{worker.name}: {e}") from None
+                    raise
                 async with up:
+                    try:  # the request is on its way: tokenize what ranking skipped, a slice per loop pass
+                        await self.chooser.complete_soon(p.ctx)
+                    finally:
+                        self.chooser.complete(p.ctx)  # (nothing left, unless cancelled between slices)
                     if up.status in RETRYABLE_STATUS:
                         try:
                             text = (await up.read()).decode("utf-8", "replace")
