@@ -9,8 +9,10 @@ whole prompt for a hit; policy ranking, body splice; a miss's tail is tokenized 
 to the engine's handler (pool, connect, write), the engine's answer (headers at once, then the first content
 chunk ``--engine-ms`` later, as a prefill would), the first chunk's way back through the router (read, relay,
 write) and to the client. The engines stamp their times into the first chunk itself; the router's spans come
-from wrappers around its methods (this process only). Medians per span, in wall microseconds; the added TTFT of
-each router over the direct path. ``--quick`` sends fewer requests. ``--hit``: the prefix-heavy workload's hits
+from wrappers around its methods (this process only). Medians per span, in wall microseconds, and the loop thread's
+CPU in some (``*_cpu``: the router's write of the first chunk takes ~100 us of CPU, its wall also holds the
+client's turn on a shared core); the router process's CPU per request over the run; the added TTFT of each router
+over the direct path. ``--quick`` sends fewer requests. ``--hit``: the prefix-heavy workload's hits
 instead (``hit_prompt``: one of 8 prompts of 2048 words, then 128 new words; the first request of each prefix is
 a warm-up miss): kvmesh's router finds the prefix in its prompt memo and in its in-flight index (the fake engines
 send no KV events), sgl-router in its radix tree.
@@ -132,7 +134,9 @@ SPANS = ("parse", "prepare", "fill_prompt", "encode", "hash", "overlap", "rank",
 BEFORE_SEND = ("parse", "prepare", "rank", "payload")
 """The router's steps between the body and the upstream send (``prepare`` holds ``fill_prompt``, ``encode``, ``hash``
 and ``overlap`` when it walks the whole prompt; a miss ranked from its head leaves them to ``Chooser.complete``,
-after the send, where the spans of the same names then lie)."""
+after the send, where the spans of the same names then lie; since the tail runs a slice per loop pass
+(``Chooser.complete_soon``: ``bench/router_holds``), a miss's ``fill_prompt`` holds only its last step and it has no
+``encode`` span)."""
 
 
 def _instrument(marks: dict[str, dict[str, int]]) -> None:
@@ -161,10 +165,10 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
 
         async def wrapped(*a: Any, **k: Any) -> Any:
             m = task_marks()
-            t0 = NOW()
+            c0, t0 = CPU(), NOW()
             out = await fn(*a, **k)
-            if m is not None and span + "_s" not in m:
-                m[span + "_s"], m[span + "_e"] = t0, NOW()
+            if m is not None and span + "_s" not in m:  # (CPU: the loop's thread, whoever ran while it waited)
+                m[span + "_s"], m[span + "_e"], m[span + "_cpu"] = t0, NOW(), CPU() - c0
             return out
         setattr(owner, attr, wrapped)
 
@@ -228,9 +232,11 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
     async def first_write(self: Any, data: bytes) -> None:
         m = task_marks()
         if m is not None and "write1_s" not in m:
+            c0 = CPU()
             m["write1_s"] = NOW()
             await write(self, data)
             m["write1_e"] = NOW()
+            m["write1_cpu"] = CPU() - c0  # (the wall above also holds the client's turn on a shared core)
             return
         await write(self, data)
     web.WebStream.write = first_write  # type: ignore[method-assign]
@@ -256,10 +262,11 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
             await asyncio.sleep(0.05)
         freeze_heap()  # as the router actor does after start-up
         q.put(url)
+        cpu0 = time.process_time_ns()  # (the router's process: its loop, its GC, aiohttp's both sides)
         loop = asyncio.get_running_loop()
         while (what := await loop.run_in_executor(None, cmd.get)) != "quit":
             assert what == "marks"
-            q.put({m["rid"]: m for m in marks.values() if m.get("rid", -1) >= 0})
+            q.put(({m["rid"]: m for m in marks.values() if m.get("rid", -1) >= 0}, time.process_time_ns() - cpu0))
         await http.stop()
 
     uvloop.run(main())
@@ -316,8 +323,8 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
         # what the wall from parse to send holds beyond the wrapped steps (admission, bookkeeping, the loop)
         out["parse_to_upstream_unwrapped"] = round(out["parse_to_upstream_other"] - sum(
             out[s] for s in BEFORE_SEND if s != "parse"), 1)
-        for s in (*BEFORE_SEND, "fill_prompt", "overlap", "encode", "hash"):  # CPU time of the steps (what a
-            # loaded host stretches above)
+        # CPU time of the steps (what a loaded host stretches above)
+        for s in (*BEFORE_SEND, "fill_prompt", "overlap", "encode", "hash", "write1", "upstream", "client_start"):
             vals = [r[s + "_cpu"] for r in rows if s + "_cpu" in r]
             out[s + "_cpu"] = round(statistics.median(vals) / 1000.0, 1) if vals else float("nan")
     return out
@@ -372,7 +379,7 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
     try:
         asyncio.run(run())
         cmd.put("marks")
-        marks = q.get(timeout=60)
+        marks, router_cpu_ns = q.get(timeout=60)
     finally:
         cmd.put("quit")
         router.join(20)
@@ -384,6 +391,11 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
     out: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "engine_ms": engine_ms,
                            "prompts": "hits" if hit else "misses", "requests_per_path": rounds * per,
                            "sgl_router": "measured" if sgl else "absent (.venv-sglang)"}
+    # The router process's CPU over the run (its feeds' beats included) per request it served: its whole path,
+    # tails, relays and writes after the first chunk too.
+    served = len(rows["kvmesh"]) + len(cold["kvmesh"]) + 10  # (and the 10 warm-up requests)
+    out["router_cpu_per_request_us"] = round(router_cpu_ns / served / 1000.0, 1)
+    print(f"kvmesh router process CPU per request (us): {out['router_cpu_per_request_us']}", flush=True)
     for k, rs in rows.items():
         out[k] = _split(rs, k == "kvmesh")
         print(f"{k}: {out[k]}", flush=True)
