@@ -26,9 +26,13 @@ caller's ``push`` checksums, encodes (one small-push frame, fixed-layout metadat
 coroutine of its own, the connection's shared deadline sweep instead of a timer) and awaits one plain
 future; the receiver's read callback decodes and verifies it, answers with a compact ACK and delivers
 the block (``FrameDecoder.direct``, ``Server.on_small_push``); the sender's read callback completes the
-future from the ACK (``Client.on_ack``), and ``push`` returns its record (``Client.finish_small``).
+future from the ACK (``Client.on_ack``), and ``push`` returns its record (``Client.finish_small``). Several
+small blocks of at most ``SMALL_PUSH`` bytes in all (at most ``coalesce_bytes``: over ucx a larger table frame
+would leave its control message for a rendezvous of its own, which measured slower than the general path's
+inline frames) take the same path as one table frame (:mod:`transport.coalesce`) that ends and commits the
+push; the receiver stages it as a msgpack frame and answers with the same compact ACK.
 
-Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block and
+Pull: ``PULL``; the server answers ``PULL_HEAD`` (the size), a ``PULL_DATA`` per block (or table of small blocks) and
 ``PULL_END`` (or ``PULL_END`` with an error). A puller that gives up sends ``CANCEL``; the server stops.
 
 Backpressure. Senders bound the bytes in flight per connection (``inflight_bytes``: ``max_inflight_bytes``,
@@ -66,7 +70,7 @@ from transport.base import (
     TransportOptions,
     TransportStats,
 )
-from transport.coalesce import COALESCE_MAX
+from transport.coalesce import COALESCE_BLOCK_MAX, COALESCE_MAX, COALESCE_ROWS
 from transport.connection import MAX_STAGED_PER_CONNECTION, SMALL_PUSH, YIELD_BYTES, Connection, Handler
 from transport.endpoint import Described, EndpointBase, within
 from transport.frame import (
@@ -79,6 +83,21 @@ from transport.verify import Verifier
 
 __all__ = ["MAX_STAGED_PER_CONNECTION", "YIELD_BYTES", "Client", "Connection", "FramedTransport", "Handler",
            "Pending", "Progress", "Server", "Staged"]
+
+
+def small_push_fits(blocks: Sequence[Block], most: int = SMALL_PUSH) -> bool:
+    """Whether several blocks take the small-push path together, as one table frame: at most ``COALESCE_ROWS``
+    blocks of at most ``COALESCE_BLOCK_MAX`` bytes each, ``most`` bytes in all (``SMALL_PUSH``, or less where a
+    backend's table frames are smaller: ucx's stay inside their control message)."""
+    if not 1 < len(blocks) <= COALESCE_ROWS:
+        return False
+    total = 0
+    for b in blocks:
+        n = b.payload.nbytes
+        if n > COALESCE_BLOCK_MAX:
+            return False
+        total += n
+    return total <= most
 
 
 class FramedTransport(EndpointBase):
@@ -158,9 +177,10 @@ class FramedTransport(EndpointBase):
     async def push(self, address: Address, request_id: RequestId, blocks: Sequence[Block], *,
                    deadline_ms: float | None = None, gate: Gate | None = None) -> TransferRecord:
         self._check_open()
-        if (gate is None and len(blocks) == 1 and blocks[0].payload.nbytes <= SMALL_PUSH
+        if (gate is None and ((len(blocks) == 1 and blocks[0].payload.nbytes <= SMALL_PUSH)
+                              or small_push_fits(blocks, min(SMALL_PUSH, self.coalesce_bytes)))
                 and (client := self._clients.get(address.location)) is not None):
-            reply = client.send_small(request_id, blocks[0], deadline_ms, address)  # written, or None: not now
+            reply = client.send_small(request_id, blocks, deadline_ms, address)  # written, or None: not now
             if reply is not None:
                 try:
                     await reply.fut

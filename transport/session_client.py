@@ -94,11 +94,14 @@ class Reply:
     lost connection or, once the loop's clock passes ``due``, by its client's deadline sweep (the fast path's
     stand-in for ``Pending`` and ``within``); a failure after the write says ``maybe_delivered``."""
 
-    __slots__ = ("address", "due", "fut", "nbytes", "request_id", "started_ms", "t0", "tid")
+    __slots__ = ("address", "count", "due", "fut", "nbytes", "request_id", "started_ms", "t0", "tid")
     kind = "push"
 
     def __init__(self, fut: asyncio.Future[tuple[FrameType, dict[str, Any]] | None], due: float, tid: int,
-                 request_id: RequestId, address: Address, nbytes: int, started_ms: float, t0: float) -> None:
+                 request_id: RequestId, address: Address, nbytes: int, started_ms: float, t0: float,
+                 count: int = 1) -> None:
+        self.count = count
+        """Blocks in the push."""
         self.fut = fut
         self.due = due
         self.tid = tid
@@ -284,11 +287,13 @@ class Client:
             with contextlib.suppress(TransportError):
                 self.conn.send(FrameType.CANCEL, {"t": tid})
 
-    def send_small(self, request_id: RequestId, block: Block, deadline_ms: float | None,
+    def send_small(self, request_id: RequestId, blocks: Sequence[Block], deadline_ms: float | None,
                    address: Address) -> Reply | None:
-        """Start a small push (one block of at most ``SMALL_PUSH`` bytes, no gate) in one synchronous step, or
+        """Start a small push (no gate; one block of at most ``SMALL_PUSH`` bytes, or several small blocks of at
+        most ``SMALL_PUSH`` bytes together: :func:`transport.session.small_push_fits`) in one synchronous step, or
         return None (nothing done) when the connection or the budget would make it wait: the caller then takes
-        the general path.
+        the general path. Several blocks go as one table frame (:mod:`transport.coalesce`) that ends and
+        commits the push, answered like a one-block push.
 
         One call chain from the caller to the socket's write: the deadline, one future (no task, no coroutine
         of its own), the payload's checksum, header, fixed metadata and payload encoded as one small-push
@@ -303,7 +308,9 @@ class Client:
         the receiver starts on the push while this side does that bookkeeping, not after it.
         """
         conn = self.conn
-        n = block.payload.nbytes
+        block = blocks[0]
+        count = len(blocks)
+        n = block.payload.nbytes if count == 1 else sum(b.payload.nbytes for b in blocks)
         if conn is None or not conn.ready or not self.budget.try_acquire(n):
             return None
         t0 = time.perf_counter()
@@ -314,31 +321,40 @@ class Client:
                                              else deadline_ms - start))
         tid = next(self.ids)
         try:
-            payload = block.payload
-            if block.checksum is not None:
-                algo, checksum = block.checksum_algo, block.checksum
+            if count > 1:  # several small blocks: one table frame that ends and commits the push
+                table, payload = pack(blocks, owner.options.checksum)
+                conn.send(FrameType.PUSH_DATA, {"t": tid, "i": 0, "bt": table, "r": request_id, "n": count, "c": True,
+                                                "x": time.time() + timeout_s}, memoryview(payload),
+                          algo=owner.options.checksum)
             else:
-                algo = pick(owner.options.checksum, n)
-                checksum = (xxh3_64_intdigest(payload) if algo == "xxh3" else checksum_of(algo, payload)) if n else 0
-            expires_at = time.time() + timeout_s
-            try:
-                head = encode_small_push(tid, block.block_id, block.layers, request_id, expires_at, payload, checksum,
-                                         algo)
-            except struct.error:  # an id or layer beyond the fixed layout: the same push as a msgpack frame
-                conn.send(FrameType.PUSH_DATA, {"t": tid, "i": 0, "b": block.block_id, "l": list(block.layers),
-                                                "r": request_id, "n": 1, "c": True, "x": expires_at},
-                          block=block, algo=algo)
-            else:
-                conn.send_encoded(head, payload)
+                self._send_one(conn, tid, request_id, block, n, time.time() + timeout_s)
         except BaseException:  # nothing was written: no CANCEL, nothing maybe delivered
             self.budget.release(n)
             raise
         loop = asyncio.get_running_loop()  # written: now what its answer (or its deadline) will need
         due = loop.time() + timeout_s
-        reply = self.pending[tid] = Reply(loop.create_future(), due, tid, request_id, address, n, start, t0)
+        reply = self.pending[tid] = Reply(loop.create_future(), due, tid, request_id, address, n, start, t0, count)
         if due < self._sweep_at:
             self._watch(loop, due)
         return reply
+
+    def _send_one(self, conn: Connection, tid: int, request_id: RequestId, block: Block, n: int,
+                  expires_at: float) -> None:
+        """Write a one-block small push: checksum, header and fixed metadata, then its payload (see ``send_small``)."""
+        payload = block.payload
+        if block.checksum is not None:
+            algo, checksum = block.checksum_algo, block.checksum
+        else:
+            algo = pick(self.owner.options.checksum, n)
+            checksum = (xxh3_64_intdigest(payload) if algo == "xxh3" else checksum_of(algo, payload)) if n else 0
+        try:
+            head = encode_small_push(tid, block.block_id, block.layers, request_id, expires_at, payload, checksum, algo)
+        except struct.error:  # an id or layer beyond the fixed layout: the same push as a msgpack frame
+            conn.send(FrameType.PUSH_DATA, {"t": tid, "i": 0, "b": block.block_id, "l": list(block.layers),
+                                            "r": request_id, "n": 1, "c": True, "x": expires_at},
+                      block=block, algo=algo)
+        else:
+            conn.send_encoded(head, payload)
 
     def finish_small(self, reply: Reply) -> TransferRecord:
         """End a small push whose future completed: its record, or the error its answer reported."""
@@ -357,8 +373,8 @@ class Client:
                 raise FrameError(f"expected ACK from {self.location}, got {ftype.name}")
         owner = self.owner
         wall_ms = (time.perf_counter() - reply.t0) * 1000.0
-        return TransferRecord.unshaped(reply.request_id, "push", owner.name, reply.address.site, 1, reply.nbytes,
-                                       reply.started_ms, owner.clock.now_ms() - reply.started_ms, wall_ms)
+        return TransferRecord.unshaped(reply.request_id, "push", owner.name, reply.address.site, reply.count,
+                                       reply.nbytes, reply.started_ms, owner.clock.now_ms() - reply.started_ms, wall_ms)
 
     def abandon_small(self, reply: Reply) -> None:
         """A small push whose caller gave up (cancelled) before its answer: CANCEL it, return its budget."""

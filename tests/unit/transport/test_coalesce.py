@@ -16,6 +16,7 @@ from transport.checksum import ALGO_IDS, checksum_of
 from transport.coalesce import COALESCE_BLOCK_MAX, COALESCE_MAX, COALESCE_ROWS, pack, runs, share, unpack
 from transport.frame import FrameType, encode_bytes
 from transport.pool import BufferPool
+from transport.session import small_push_fits
 
 
 def blocks_of(sizes: list[int]) -> list[Block]:
@@ -32,6 +33,15 @@ def test_runs_group_consecutive_small_blocks_and_leave_large_ones_alone() -> Non
     assert runs(blocks_of([COALESCE_BLOCK_MAX] * (full + 1))) == [(0, full), (full, full + 1)]  # cut at the byte cap
     assert runs(blocks_of([1] * (COALESCE_ROWS + 2))) == [(0, COALESCE_ROWS), (COALESCE_ROWS, COALESCE_ROWS + 2)]
     assert runs(blocks_of([4096] * 8), most=8192) == [(0, 2), (2, 4), (4, 6), (6, 8)]  # a backend's own cap
+
+
+def test_several_small_blocks_fit_the_small_push_path_up_to_its_size() -> None:
+    assert small_push_fits(blocks_of([4096] * 16))  # 64 KiB in all
+    assert not small_push_fits(blocks_of([4096] * 16 + [1]))  # over SMALL_PUSH
+    assert not small_push_fits(blocks_of([4096] * 16), most=16 * 1024)  # over a backend's table frame size
+    assert not small_push_fits(blocks_of([100]))  # one block: the one-block small push
+    assert not small_push_fits(blocks_of([1] * (COALESCE_ROWS + 1)))
+    assert not small_push_fits(blocks_of([10, COALESCE_BLOCK_MAX + 1]), most=1 << 20)
 
 
 def test_a_table_checks_each_block_and_names_the_corrupt_one() -> None:
@@ -94,7 +104,16 @@ def test_a_shared_buffer_goes_back_with_its_last_part() -> None:
 async def test_a_push_of_small_blocks_is_one_frame_and_delivers_every_block(joined: Any) -> None:  # noqa: F811
     a, b, addr, client, out, ret = joined
     sent = blocks_of([2048] * 12 + [0, 1, 999])
+    small: list[Any] = []
+    send_small = client.send_small
+
+    def spy(*args: Any) -> Any:
+        small.append(send_small(*args))
+        return small[-1]
+
+    client.send_small = spy
     rec = await a.push(addr, RequestId("many"), sent)
+    assert len(small) == 1 and small[0] is not None  # the small-push path took it, whole
     assert rec.blocks == len(sent) and rec.real_bytes == sum(s.nbytes for s in sent)
     assert out.frames == [FrameType.PUSH_DATA] and ret.frames == [FrameType.ACK]
     got = await b.receive(RequestId("many"), count=len(sent))
@@ -103,6 +122,17 @@ async def test_a_push_of_small_blocks_is_one_frame_and_delivers_every_block(join
     assert b.pool.leases == 1  # one buffer for the frame, held by all its blocks
     got.release()
     assert b.pool.leases == 0 and client.pending == {} and client.budget.used == 0
+
+
+async def test_a_push_over_the_small_push_size_is_table_frames_on_the_general_path(joined: Any) -> None:  # noqa: F811
+    a, b, addr, client, _out, ret = joined
+    sent = blocks_of([3000] * 30)  # 90,000 bytes: over SMALL_PUSH, one table frame (under COALESCE_MAX)
+    rec = await a.push(addr, RequestId("big"), sent)
+    assert rec.blocks == 30 and ret.frames == [FrameType.ACK]
+    with await b.receive(RequestId("big"), count=30) as got:
+        assert [(g.block_id, bytes(g.payload)) for g in got.blocks] == [(s.block_id, bytes(s.payload)) for s in sent]
+        assert b.pool.leases == 1
+    assert client.pending == {} and client.budget.used == 0
 
 
 async def test_a_block_replaced_in_the_inbox_keeps_the_shared_buffer_for_the_others(joined: Any) -> None:  # noqa: F811
