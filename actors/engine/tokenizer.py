@@ -156,7 +156,7 @@ class Tokenizer:
         if parts[0]:
             yield list(self._word_ids(parts[0]))
         for i in range(1, len(parts), words):
-            yield self._ids_after_space(parts, i, i + words)
+            yield self._ids_after_space(parts[i:i + words], 0, None)  # (a copy: islice would walk from the start)
 
     def split_head(self, text: str, head_tokens: int) -> tuple[list[int], str] | None:
         """The ids of ``text``'s first words, at least ``head_tokens`` of them (all when fewer), and the text
