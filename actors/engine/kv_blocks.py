@@ -33,9 +33,17 @@ HashFn = Callable[[bytes], int]
 NONE_HASH = BlockHash(0)
 
 
+_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
+"""An empty 8-byte blake2b state: a ``copy()`` updated with ``data`` digests as ``blake2b(data, digest_size=8)``
+without parsing the constructor's arguments per call (as the tokenizer's ``_h64``): 1.36 -> 0.87 us per 64-byte
+block (``timeit``, 200k calls), on the path of every prompt's block hashes in the router and the engines."""
+
+
 def blake2b_64(data: bytes) -> int:
     """Stable 64-bit hash (the same in every process and run, unlike ``hash()``)."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    h = _BLAKE2B_8.copy()
+    h.update(data)
+    return int.from_bytes(h.digest(), "little")
 
 
 def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int], extra_keys: bytes = b"",

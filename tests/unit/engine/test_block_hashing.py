@@ -4,6 +4,7 @@ as needed (prefix lookup, blocks as they fill) gives the same hashes and hits as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import struct
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.engine.kv_blocks import BlockHash, hash_block_tokens, hash_request_blocks
+from actors.engine.kv_blocks import BlockHash, blake2b_64, hash_block_tokens, hash_request_blocks
 from actors.engine.kv_manager import HASH_BATCH, KVCacheManager
 from actors.engine.sequence import RequestId, Sequence
 from actors.engine.tokenizer import OutputModel, Tokenizer, _h64, ids_as_uint32
@@ -29,6 +30,14 @@ def chained_one_by_one(tokens: list[int], block_size: int, extra: bytes = b"") -
 
 
 tokens_st = st.lists(st.integers(0, 2**32 - 1), max_size=300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_block_hash_is_blake2b_of_the_bytes_from_scratch(data: bytes) -> None:
+    # the copied empty state must never carry one call's bytes into the next
+    assert blake2b_64(data) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    assert blake2b_64(data) == blake2b_64(data)
 
 
 @settings(max_examples=200, deadline=None)
