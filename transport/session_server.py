@@ -138,15 +138,26 @@ class Server:
         except FrameError:
             f.release()
             raise
-        if st.bad is None and i != len(st.blocks):
-            st.bad = FrameError(f"push block #{i} arrived out of order")
-        elif st.bad is None and not f.intact:
-            st.bad = IntegrityError(f"block {b} arrived corrupted (payload checksum mismatch)")
-        if st.bad is not None:
-            f.release()
+        if not self._in_order(st, f, i, f"block {b}"):
             return
         st.blocks.append(Block.decoded(b, f.payload.toreadonly(), layers, f.checksum, f.algo))
         st.leases.append(f.lease)
+
+    @staticmethod
+    def _in_order(st: Staged, f: Frame, i: int, what: str, bad: int | None = None) -> bool:
+        """Whether frame ``f`` (``what``: its block or blocks, first at push index ``i``) extends ``st`` in order and
+        intact (``bad``: a table's first block failing its own checksum); else the push's first fault is kept in
+        ``st.bad`` and the frame released."""
+        if st.bad is None and i != len(st.blocks):
+            st.bad = FrameError(f"push block #{i} arrived out of order")
+        elif st.bad is None and not f.intact:
+            st.bad = IntegrityError(f"{what} arrived corrupted (payload checksum mismatch)")
+        elif st.bad is None and bad is not None:
+            st.bad = IntegrityError(f"block {bad} arrived corrupted (payload checksum mismatch)")
+        if st.bad is not None:
+            f.release()
+            return False
+        return True
 
     def _stage_table(self, st: Staged, f: Frame, table: Any) -> None:
         """Stage the blocks of a table frame (:mod:`transport.coalesce`), each holding a part of its one lease."""
@@ -156,15 +167,7 @@ class Server:
         except FrameError:
             f.release()
             raise
-        if st.bad is None and i != len(st.blocks):
-            st.bad = FrameError(f"push block #{i} arrived out of order")
-        elif st.bad is None and not f.intact:
-            st.bad = IntegrityError(f"blocks {blocks[0].block_id}..{blocks[-1].block_id} arrived corrupted "
-                                    "(payload checksum mismatch)")
-        elif st.bad is None and bad is not None:
-            st.bad = IntegrityError(f"block {bad} arrived corrupted (payload checksum mismatch)")
-        if st.bad is not None:
-            f.release()
+        if not self._in_order(st, f, i, f"blocks {blocks[0].block_id}..{blocks[-1].block_id}", bad):
             return
         st.blocks.extend(blocks)
         st.leases.extend(share(f.lease, len(blocks)))
