@@ -410,7 +410,7 @@ class Client:
             count = len(blocks)
             unyielded = 0
             sums = self._checksums_ahead(blocks, algo)
-            for lo, hi in runs(blocks, self.owner.coalesce_bytes) if count > 1 else ((0, count),) if count else ():
+            for lo, hi in runs(blocks, self.owner.coalesce_bytes):
                 if unyielded >= YIELD_BYTES:
                     unyielded = 0
                     await asyncio.sleep(0)  # let concurrent transfers interleave

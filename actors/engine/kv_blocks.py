@@ -15,7 +15,6 @@ Invariants of ``BlockPool`` (checked by the stateful property test):
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +23,7 @@ from typing import NewType
 
 import numpy as np
 
+from actors.engine.tokenizer import blake2b_64 as blake2b_64  # (re-exported: the block hash)
 from actors.engine.tokenizer import ids_as_uint32
 
 BlockHash = NewType("BlockHash", int)
@@ -33,17 +33,6 @@ HashFn = Callable[[bytes], int]
 NONE_HASH = BlockHash(0)
 
 
-_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
-"""An empty 8-byte blake2b state: a ``copy()`` updated with ``data`` digests as ``blake2b(data, digest_size=8)``
-without parsing the constructor's arguments per call (as the tokenizer's ``_h64``): 1.36 -> 0.87 us per 64-byte
-block (``timeit``, 200k calls), on the path of every prompt's block hashes in the router and the engines."""
-
-
-def blake2b_64(data: bytes) -> int:
-    """Stable 64-bit hash (the same in every process and run, unlike ``hash()``)."""
-    h = _BLAKE2B_8.copy()
-    h.update(data)
-    return int.from_bytes(h.digest(), "little")
 
 
 def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int], extra_keys: bytes = b"",

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from actors.engine.kv_blocks import BlockHash, blake2b_64, hash_block_tokens, hash_request_blocks
 from actors.engine.kv_manager import HASH_BATCH, KVCacheManager
 from actors.engine.sequence import RequestId, Sequence
-from actors.engine.tokenizer import OutputModel, Tokenizer, _h64, ids_as_uint32
+from actors.engine.tokenizer import OutputModel, Tokenizer, ids_as_uint32
 from actors.server import hash_prompt_in_slices
 
 
@@ -88,7 +88,7 @@ def test_prefix_lookup_hashes_only_as_far_as_the_hit_and_finds_the_same_prefix()
 @given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=50), seed=st.integers(-(2**63), 2**63 - 1))
 def test_uint32_bytes_and_prompt_seed_match_numpy(ids: list[int], seed: int) -> None:
     assert ids_as_uint32(ids).tobytes() == np.asarray(ids, dtype=np.uint32).tobytes()
-    assert OutputModel(1000).seed_of(ids, seed) == _h64(struct.pack("<q", seed)
+    assert OutputModel(1000).seed_of(ids, seed) == blake2b_64(struct.pack("<q", seed)
                                                         + np.asarray(ids, dtype=np.uint32).tobytes())
 
 

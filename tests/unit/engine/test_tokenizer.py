@@ -29,10 +29,10 @@ def test_shared_text_prefix_gives_shared_token_prefix(prefix: str, a: str, b: st
 
 @given(st.lists(st.text(max_size=40), max_size=20))
 def test_word_cache_gives_the_ids_of_pieces_cut_one_by_one(texts: list[str]) -> None:
-    from actors.engine.tokenizer import _PIECE, MAX_PIECE, _h64
+    from actors.engine.tokenizer import _PIECE, MAX_PIECE, blake2b_64
 
     for text in texts:  # one tokenizer across texts: later ones hit the cache of words seen before
-        expect = [RESERVED + _h64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
+        expect = [RESERVED + blake2b_64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
                   for w in _PIECE.findall(text) for i in range(0, len(w), MAX_PIECE)]
         assert TOK.encode(text) == expect
 
@@ -44,12 +44,12 @@ WORD = st.text(st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc", "Cs")
 def test_spaced_words_take_the_fast_cut_with_the_regex_ids(texts: list[tuple[bool, list[str]]]) -> None:
     # Words joined by single spaces (the load generator's prompts), with or without a leading space; one fresh
     # tokenizer, so later texts meet words of one piece the earlier ones taught it.
-    from actors.engine.tokenizer import _PIECE, MAX_PIECE, _h64
+    from actors.engine.tokenizer import _PIECE, MAX_PIECE, blake2b_64
 
     tok = Tokenizer(32000)
     for lead, words in texts:
         text = (" " if lead else "") + " ".join(words)
-        expect = [RESERVED + _h64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
+        expect = [RESERVED + blake2b_64(w[i:i + MAX_PIECE].encode()) % (32000 - RESERVED)
                   for w in _PIECE.findall(text) for i in range(0, len(w), MAX_PIECE)]
         assert tok.encode(text) == expect
 
