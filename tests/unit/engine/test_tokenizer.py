@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -128,3 +129,18 @@ def test_ids_are_blake2b_of_each_piece() -> None:
     tok = Tokenizer(32000)
     assert tok.encode(text) == want and tok.encode(text) == want  # (learnt, then known)
     assert Tokenizer(32000).encode("x\ty") == [piece_id("x"), piece_id("\ty")]  # (the regex's cut)
+
+
+@pytest.mark.parametrize("vocab", [RESERVED + 2, 32000, 128256])
+def test_fresh_short_words_learnt_together_have_the_ids_of_blake2b_from_scratch(vocab: int) -> None:
+    # Words of up to three characters are learnt in bulk (one blake2b state per word copied from one that hashed
+    # the space, the ids taken mod the vocabulary in numpy): each must be its piece's id from scratch, whatever
+    # the vocabulary, ASCII or not, beside longer words learnt piece by piece.
+    def piece_id(piece: str) -> int:
+        return RESERVED + int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little") \
+            % (vocab - RESERVED)
+
+    words = [f"{a}{b}{c}" for a in "aZ9\u00e9" for b in "q\u4e2d" for c in "x7"] + ["z", "\u00df", "longer", "abcd"]
+    text = " " + " ".join(words)
+    want = [piece_id((" " + w)[i:i + 4]) for w in words for i in range(0, len(w) + 1, 4)]
+    assert Tokenizer(vocab).encode(text) == want
