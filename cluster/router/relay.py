@@ -23,7 +23,6 @@ then closes the engine's connection, aborting its request).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +32,7 @@ from cluster.router.metrics import RouterMetrics
 from cluster.router.upstream import Upstream, UpstreamError, UpstreamResponse, post_json
 from cluster.router.view import WorkerInfo
 
-TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
+DONE_EVENT = b"data: [DONE]\n\n"
 ENDED_EARLY = "the stream ended before its last token"
 MIGRATED = "the engine moved the request to another engine"
 """``relay``'s answer when the engine ended its stream with a ``kvmesh_migrated`` event (live migration):
@@ -142,70 +141,113 @@ class Relay:
                 return str(e)
             if not chunk:
                 break
-            buf += chunk
-            if b"\n\n" not in buf:
+            buf = buf + chunk if buf else chunk
+            end = buf.find(b"\n\n")
+            if end < 0:
                 continue
-            *events, buf = buf.split(b"\n\n")
-            # Every event the engine's chunk completed goes to the client in one write (one syscall).
+            if end == len(buf) - 2:  # one whole event, the engines' usual read: passed on without a copy
+                event, buf = buf, b""
+                if event == DONE_EVENT:
+                    return self._done(st, final)
+                out = self._on_event(event, st, rewrite, final)
+                if out:
+                    await sink.write(out)
+                continue
+            # Every event the read completed goes to the client in one write (one syscall).
             outs: list[bytes] = []
-            for event in events:
-                if event == b"data: [DONE]":
+            start = 0
+            while end >= 0:
+                event = buf[start:end + 2]
+                start = end + 2
+                if event == DONE_EVENT:
                     if outs:
                         await sink.write(b"".join(outs))
-                    if st.moved is not None and not st.finished:
-                        return MIGRATED
-                    return None if st.finished or not final else ENDED_EARLY
+                    return self._done(st, final)
                 out = self._on_event(event, st, rewrite, final)
                 if out:
                     outs.append(out)
+                end = buf.find(b"\n\n", start)
+            buf = buf[start:]
             if outs:
                 await sink.write(outs[0] if len(outs) == 1 else b"".join(outs))
         return None if st.finished else ENDED_EARLY
 
+    @staticmethod
+    def _done(st: StreamState, final: bool) -> str | None:
+        """Why a stream that reached its ``[DONE]`` broke, or None when it completed."""
+        if st.moved is not None and not st.finished:
+            return MIGRATED
+        return None if st.finished or not final else ENDED_EARLY
+
     def _on_event(self, event: bytes, st: StreamState, rewrite: bool, final: bool) -> bytes:
-        """Track one SSE event (token ids, finish, usage) and return the bytes to send the client. The event is
-        searched as it came, its JSON not cut out of it first (two copies an event, on every token's path): every
-        pattern below starts with a quote (or is matched from offset 6), so none can match inside ``data: ``."""
+        """Track one SSE event, its ``\\n\\n`` included (token ids, finish, usage), and return the bytes to send
+        the client: the event itself when passed through (no copy).
+
+        Every token's event takes this path, so it is a few searches of the bytes as they came, no regex and no
+        JSON: every pattern below starts with a quote (or is matched from offset 6), so none can match inside
+        ``data: ``, and none can match inside a JSON string (a quote in one is escaped). A token event's ids are
+        found first (``"token_ids":[``): an event with ids is neither an error, a usage chunk nor a migration
+        notice (their ``choices`` are absent or empty), so those checks are made only for events without."""
         if not event.startswith(b"data: "):
             return b""
-        if event.find(b'"error"', 6, 18) >= 0:
-            return b""  # an aborting engine's last words; the flow decides what the client sees
-        if event.startswith(MIGRATED_EVENT, 6):
-            moved = json.loads(event[6:]).get("kvmesh_migrated")
-            st.moved = moved if isinstance(moved, dict) else {}
-            return b""
-        if b'"usage"' in event and b'"choices":[]' in event:
-            u = json.loads(event[6:]).get("usage") or {}
-            st.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-            st.prompt_tokens = st.prompt_tokens or u.get("prompt_tokens")
-            if st.cached_tokens:
-                self.metrics.realized_hit_tokens.inc(st.cached_tokens)
-            if st.prompt_tokens:
-                self.metrics.prompt_tokens.inc(u.get("prompt_tokens", 0))
-            return b""  # re-emitted with the whole stream's counts by finish()
-        m = TOKEN_IDS.search(event, 6)
-        if m and m.group(1):
-            st.settle()
-            ids = [int(x) for x in m.group(1).split(b",")]
-            if st.skip:  # a resumed engine's tokens the client already holds (engines send one per event)
-                dup = min(st.skip, len(ids))
-                st.skip -= dup
-                st.deduped += dup
-                ids = ids[dup:]
-                if not ids:
+        i = event.find(b'"token_ids":[', 6)
+        if i < 0:
+            if event.find(b'"error"', 6, 18) >= 0:
+                return b""  # an aborting engine's last words; the flow decides what the client sees
+            if event.startswith(MIGRATED_EVENT, 6):
+                moved = json.loads(event[6:]).get("kvmesh_migrated")
+                st.moved = moved if isinstance(moved, dict) else {}
+                return b""
+            if b'"usage"' in event and b'"choices":[]' in event:
+                u = json.loads(event[6:]).get("usage") or {}
+                st.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+                st.prompt_tokens = st.prompt_tokens or u.get("prompt_tokens")
+                if st.cached_tokens:
+                    self.metrics.realized_hit_tokens.inc(st.cached_tokens)
+                if st.prompt_tokens:
+                    self.metrics.prompt_tokens.inc(u.get("prompt_tokens", 0))
+                return b""  # re-emitted with the whole stream's counts by finish()
+        else:
+            i += 13
+            j = event.find(b"]", i)
+            if j > i:
+                if st.owed_to is not None:
+                    st.settle()
+                ids = event[i:j]
+                if ids.isdigit() and not st.skip:
+                    st.token_ids.append(int(ids))  # one token an event, as engines stream
+                elif not self._track_ids(st, ids):
                     return b""
-            st.token_ids.extend(ids)
         if b'"finish_reason":"' in event and final:
             st.finished = True
         if not rewrite:
-            if st.shapes is None and st.first_event is None:
+            if st.first_event is None and st.shapes is None:
                 st.first_event = event[6:]  # (parsed by ``identify`` if ever needed)
-            return event + b"\n\n"
+            return event
         obj = json.loads(event[6:])
         choice = (obj.get("choices") or [{}])[0]
         shapes = st.identify(obj.get("id"), obj.get("created"), obj.get("model"))
         finish = choice.get("finish_reason") if final else None
         return sse(shapes.chunk(choice.get("text", ""), finish, choice.get("token_ids")))
+
+    @staticmethod
+    def _track_ids(st: StreamState, listed: bytes) -> bool:
+        """Add an event's token ids (``listed``: what stands between the brackets) to the stream, less those a
+        resumed stream's client already holds (dedupe by index: engines send one per event); False when none is
+        left (the event is dropped). A list that is not of integers is no token ids (the event passes as is)."""
+        try:
+            ids = [int(x) for x in listed.split(b",")]
+        except ValueError:
+            return True
+        if st.skip:
+            dup = min(st.skip, len(ids))
+            st.skip -= dup
+            st.deduped += dup
+            ids = ids[dup:]
+            if not ids:
+                return False
+        st.token_ids.extend(ids)
+        return True
 
     async def finish(self, sink: Sink, st: StreamState) -> None:
         """The whole stream's usage (when the client asked for it), then ``[DONE]``, in one write (one syscall
