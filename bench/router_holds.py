@@ -1,7 +1,8 @@
 """How long a cache miss holds the router's event loop: the longest stretch of the loop thread's CPU between two
 turns of another task, per miss, with the router (kv_aware, the prompt memo, the prefix index) in process over a
-fake upstream (no sockets, no Ray), as ``bench/router_miss`` sends misses: 2176 words, mostly new to the router's
-tokenizer (a new prefix's first request).
+fake upstream (no sockets, no Ray), as ``bench/router_miss`` sends misses: 2176 words from 17,576, the first
+prompts' words new to the router's tokenizer, later ones' mostly known; ``--cold``: every word new (a new prefix's
+first request at a run's start, ``bench.router_miss.cold_prompt``).
 
 While one task holds the loop, every other request's relay, ranking and send waits: a miss's tail (tokenizing and
 hashing its prompt after the send) was one stretch of ~3-5 ms. A ticker task yields (``asyncio.sleep(0)``) in a
@@ -84,13 +85,14 @@ class _Client:
         pass
 
 
-async def holds(n: int, ticker: bool) -> list[int]:
-    """Per miss: the longest hold (ns of loop CPU) with ``ticker``, else the CPU of its whole route."""
+async def holds(n: int, ticker: bool, cold: bool = False) -> list[int]:
+    """Per miss: the longest hold (ns of loop CPU) with ``ticker``, else the CPU of its whole route (``cold``:
+    prompts whose every word is new to the router, ``bench.router_miss.cold_prompt``)."""
     import gc
 
     from multidict import CIMultiDict
 
-    from bench.router_miss import prompt_text
+    from bench.router_miss import cold_prompt, prompt_text
     from cluster.router.app import RouterServer
     from cluster.router.exchange import Call
     from cluster.router.view import WorkerId, WorkerInfo
@@ -119,7 +121,8 @@ async def holds(n: int, ticker: bool) -> list[int]:
     for i in range(n):
         for w in ws:
             w.last_seen = router.view.now()
-        body = json.dumps({"model": "llama-3.1-8b", "prompt": prompt_text(i), "max_tokens": 2, "ignore_eos": True,
+        prompt = (cold_prompt if cold else prompt_text)(i)
+        body = json.dumps({"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 2, "ignore_eos": True,
                            "stream": True, "stream_options": {"include_usage": True}}).encode()
         call = Call("/v1/completions", CIMultiDict({"Content-Type": "application/json"}), body, {})
         await asyncio.sleep(0)
@@ -144,11 +147,14 @@ def _us(vals: list[int]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     import uvloop
 
-    args = parser(__doc__ or "").parse_args(argv)
+    p = parser(__doc__ or "")
+    p.add_argument("--cold", action="store_true", help="every miss's words new to the router (router_miss --cold)")
+    args = p.parse_args(argv)
     n = 20 if args.quick else 60
-    longest = uvloop.run(holds(n, ticker=True))
-    cpu = uvloop.run(holds(n, ticker=False))
-    out = {"bench": "router_holds", "misses": n - 3, "longest_hold": _us(longest), "route_cpu": _us(cpu)}
+    longest = uvloop.run(holds(n, ticker=True, cold=args.cold))
+    cpu = uvloop.run(holds(n, ticker=False, cold=args.cold))
+    out = {"bench": "router_holds", "misses": n - 3, "words": "new" if args.cold else "prompt_text's",
+           "longest_hold": _us(longest), "route_cpu": _us(cpu)}
     print(f"longest loop hold per miss: {out['longest_hold']}; router CPU per miss: {out['route_cpu']}", flush=True)
     emit(out)
 

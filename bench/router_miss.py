@@ -15,7 +15,10 @@ client's turn on a shared core); the router process's CPU per request over the r
 over the direct path. ``--quick`` sends fewer requests. ``--hit``: the prefix-heavy workload's hits
 instead (``hit_prompt``: one of 8 prompts of 2048 words, then 128 new words; the first request of each prefix is
 a warm-up miss): kvmesh's router finds the prefix in its prompt memo and in its in-flight index (the fake engines
-send no KV events), sgl-router in its radix tree.
+send no KV events), sgl-router in its radix tree. ``--cold``: misses whose every word is new to the router's
+tokenizer (``cold_prompt``), as a run's first request of each prefix brings: ``prompt_text``'s words come from
+17,576 three-letter words, nearly all met after the first ~20 requests, so its misses past those learn almost none.
+Each path sends the same prompts once; 104 requests per path (54 with ``--quick``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,23 @@ def prompt_text(i: int) -> str:
 
     rng = random.Random(i)
     return ids_to_text([rng.randrange(17576) for _ in range(PROMPT_TOKENS)])
+
+
+COLD_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+COLD_WORDS = len(COLD_ALPHABET) ** 3
+"""Words of ``cold_prompt``: a space and three of these characters, each one token of kvmesh's tokenizer."""
+
+
+def cold_prompt(i: int) -> str:
+    """Prompt ``i`` of ``PROMPT_TOKENS`` words no other ``cold_prompt(j)`` holds (``i < COLD_WORDS //
+    PROMPT_TOKENS``, 109 prompts): every word new to a router that has met only these prompts, as the first
+    request of a new prefix brings at the start of a sweep's run (``prompt_text``'s words come from 17,576, all
+    met after ~20 prompts). A space and three letters or digits: one token each, as ``ids_to_text`` writes."""
+    if not 0 <= i < COLD_WORDS // PROMPT_TOKENS:
+        raise ValueError(f"cold prompt {i} out of range (0..{COLD_WORDS // PROMPT_TOKENS - 1})")
+    a, n = COLD_ALPHABET, len(COLD_ALPHABET)
+    ks = range(i * PROMPT_TOKENS, (i + 1) * PROMPT_TOKENS)
+    return "".join(" " + a[k % n] + a[k // n % n] + a[k // (n * n)] for k in ks)
 
 
 HIT_PREFIXES = 8
@@ -272,8 +292,9 @@ def _router(ports: list[int], q: Any, cmd: Any) -> None:
     uvloop.run(main())
 
 
-async def _send(session: Any, url: str, rid: int, hit: bool = False) -> dict[str, int]:
-    prompt = hit_prompt(rid) if hit else prompt_text(rid)
+async def _send(session: Any, url: str, rid: int, hit: bool = False, prompt: str | None = None) -> dict[str, int]:
+    if prompt is None:
+        prompt = hit_prompt(rid) if hit else prompt_text(rid)
     body = json.dumps({"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 2, "ignore_eos": True,
                        "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}).encode()
     headers = {"Content-Type": "application/json", "X-Request-Id": str(rid)}
@@ -330,7 +351,8 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
     return out
 
 
-def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = False) -> dict[str, Any]:
+def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = False,
+              cold_words: bool = False) -> dict[str, Any]:
     import aiohttp
 
     from bench.router import SGLangRouter
@@ -346,10 +368,18 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     sgl = SGLangRouter(sgl_py, urls) if sgl_py else None
     paths = {"direct": urls[0], "kvmesh": kv_url, **({"sgl_router": sgl.url} if sgl else {})}
-    rounds, per = (4, 25) if quick else (10, 60)
+    rounds, per = (4, 10) if quick and cold_words else (5, 18) if cold_words else (4, 25) if quick else (10, 60)
     rows: dict[str, list[dict[str, int]]] = {k: [] for k in paths}
     cold: dict[str, list[dict[str, int]]] = {k: [] for k in paths}
     rid = 0
+    sent = dict.fromkeys(paths, 0)
+
+    def fresh(k: str) -> str | None:
+        """``--cold``: the path's next ``cold_prompt`` (each path sends the same prompts, each once)."""
+        if not cold_words:
+            return None
+        sent[k] += 1
+        return cold_prompt(sent[k] - 1)
 
     async def run() -> None:
         nonlocal rid
@@ -358,17 +388,17 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
             for k, url in paths.items():  # cold: the first request to each engine after the router started
                 for _ in range(ENGINES):
                     rid += 1
-                    r = await _send(sessions[k], url, rid, hit)
+                    r = await _send(sessions[k], url, rid, hit, fresh(k))
                     r["rid"] = rid
                     cold[k].append(r)
-            for k, url in paths.items():  # warm: pools, the router's tokenizer cache
+            for k, url in paths.items():  # warm: pools, the router's tokenizer cache (not its words: --cold)
                 for _ in range(10):
-                    await _send(sessions[k], url, rid := rid + 1, hit)  # (every prefix among them)
+                    await _send(sessions[k], url, rid := rid + 1, hit, fresh(k))  # (every prefix among them)
             for _ in range(rounds):
                 for k, url in paths.items():
                     for _ in range(per):
                         rid += 1
-                        r = await _send(sessions[k], url, rid, hit)
+                        r = await _send(sessions[k], url, rid, hit, fresh(k))
                         r["rid"] = rid
                         rows[k].append(r)
                         await asyncio.sleep(0.002)
@@ -389,7 +419,8 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
     for r in rows["kvmesh"] + cold["kvmesh"]:
         r.update({k: v for k, v in marks.get(r["rid"], {}).items() if k != "rid"})
     out: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "engine_ms": engine_ms,
-                           "prompts": "hits" if hit else "misses", "requests_per_path": rounds * per,
+                           "prompts": "hits" if hit else "misses of new words" if cold_words else "misses",
+                           "requests_per_path": rounds * per,
                            "sgl_router": "measured" if sgl else "absent (.venv-sglang)"}
     # The router process's CPU over the run (its feeds' beats included) per request it served: its whole path,
     # tails, relays and writes after the first chunk too.
@@ -416,11 +447,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine-ms", type=float, default=20.0, help="wall ms from an engine's headers to its first chunk")
     p.add_argument("--no-sglang", action="store_true", help="skip sgl-router")
     p.add_argument("--hit", action="store_true", help="prefix-cache hits (a known 2048-word prefix + 128 new words)")
+    p.add_argument("--cold", action="store_true",
+                   help="misses whose every word is new to the router (cold_prompt; 104 requests per path)")
     args = p.parse_args(argv)
+    if args.hit and args.cold:
+        p.error("--hit and --cold are exclusive")
     from bench.router import sglang_python
 
     emit({"bench": "router_miss", **miss_path(args.quick, args.engine_ms,
-                                               None if args.no_sglang else sglang_python(install=False), args.hit)})
+                                               None if args.no_sglang else sglang_python(install=False), args.hit,
+                                               args.cold)})
 
 
 if __name__ == "__main__":
