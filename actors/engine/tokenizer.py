@@ -148,6 +148,10 @@ class Tokenizer:
         try:
             return list(chain.from_iterable(map(get, islice(parts, start, stop))))
         except TypeError:  # words not seen yet
+            if parts[start] not in self._after_space:  # a new prefix's words, likely all new: hash them in order
+                words = parts[start:stop]
+                if max(map(len, words)) < MAX_PIECE:
+                    return self._learn_short(words)
             self._learn(set(islice(parts, start, stop)).difference(self._after_space))
             try:
                 return list(chain.from_iterable(map(get, islice(parts, start, stop))))
@@ -229,16 +233,10 @@ class Tokenizer:
 
     def _learn(self, words: set[str]) -> None:
         """Keep the ids of words not seen yet (each after one space). A prompt of fresh words (the first request
-        of a new prefix: a cache miss) pays this in its router and in its engine. A word of up to three
-        characters (one piece with its space: every word the load generator writes) is hashed in C loops with
-        no Python per word: the words' UTF-8 bytes from one join, encode and split (no word holds a space, and
-        no UTF-8 sequence holds byte 0x20), one copy each of the blake2b state that has hashed a space (blake2b
-        is a stream: the same digest as the space and the word hashed at once), updated and digested (``map``
-        over the unbound methods, the update's Nones consumed by a zero-length ``deque``), the digests joined and
-        read as little-endian ``uint64`` (numpy: the id is the digest mod the span, exact in ``uint64``), the
-        pairs stored by ``dict.update`` (``zip`` of the ids alone makes the 1-tuples). The same ids as
-        ``_piece_id``'s; longer words go piece by piece (``_word_ids``)."""
-        after, span = self._after_space, self._span
+        of a new prefix: a cache miss) pays this in its router and in its engine. Words of up to three characters
+        (one piece with its space: every word the load generator writes) are hashed together
+        (``_learn_short``); longer words go piece by piece (``_word_ids``)."""
+        after = self._after_space
         if len(after) >= 400_000:
             return
         short = [w for w in words if len(w) < MAX_PIECE]
@@ -246,13 +244,28 @@ class Tokenizer:
             for word in words:
                 if len(word) >= MAX_PIECE:
                     after[word] = self._word_ids(" " + word)
-        if not short:
-            return
-        states = list(map(_COPY, repeat(_BLAKE2B_SPACE, len(short))))
-        deque(map(_UPDATE, states, " ".join(short).encode().split(b" ")), maxlen=0)
+        if short:
+            self._learn_short(short)
+
+    def _learn_short(self, words: list[str]) -> list[int]:
+        """The ids of ``words`` of up to three characters, each after a space (one piece each), in order, kept (a
+        word met twice is stored twice, with its one id). ``_ids_after_space`` hands it a slice whose first word is
+        new and whose words are all short, as is, without first finding which of them are new (a set built and
+        diffed against the cache, then a second join): a new prefix's words are all new, and a known word hashed
+        again costs about what finding it costs. C loops, no Python per word: the words' UTF-8 from one join,
+        encode and split (no word holds a space, and no UTF-8 sequence holds byte 0x20), one copy each of the
+        blake2b state that has hashed a space (blake2b is a stream: the same digest as the space and the word at
+        once), updated and digested (``map`` over the unbound methods, the update's Nones consumed by a
+        zero-length ``deque``), the digests read as little-endian ``uint64`` (numpy: the id is the digest mod the
+        span, exact in ``uint64``), the pairs stored by ``dict.update`` (``zip`` of the ids alone makes the
+        1-tuples). The same ids as ``_piece_id``'s."""
+        states = list(map(_COPY, repeat(_BLAKE2B_SPACE, len(words))))
+        deque(map(_UPDATE, states, " ".join(words).encode().split(b" ")), maxlen=0)
         digests = np.frombuffer(b"".join(map(_DIGEST, states)), dtype="<u8")
-        ids: list[int] = (digests % np.uint64(span) + np.uint64(RESERVED)).tolist()
-        after.update(zip(short, zip(ids), strict=True))
+        ids: list[int] = (digests % np.uint64(self._span) + np.uint64(RESERVED)).tolist()
+        if len(self._after_space) < 400_000:
+            self._after_space.update(zip(words, zip(ids), strict=True))
+        return ids
 
     def decode_one(self, token_id: int) -> str:
         """A stable pseudo-word for an id (the emulated model's text)."""

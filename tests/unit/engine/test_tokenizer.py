@@ -61,6 +61,8 @@ def test_words_past_the_cache_limit_are_still_encoded() -> None:
     text = " fresh ab words of two or more pieces"
     assert tok.encode(text) == Tokenizer(32000).encode(text)
     assert "ab" not in tok._after_space and "fresh" not in tok._after_space
+    short = " new ab cd e fg"  # (words of one piece, hashed together: Tokenizer._learn_short)
+    assert tok.encode(short) == Tokenizer(32000).encode(short) and "fg" not in tok._after_space
 
 
 def test_only_the_ascii_space_is_both_whitespace_and_printable() -> None:
