@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
 from bench._common import emit, parser
-from bench.engine import LAG_BOUND_MS, capacity, cpu_seconds, process_pids
+from bench.engine import LAG_BOUND_MS, capacity, cpu_seconds, main_thread_run_and_wait_s, process_pids, run_and_wait_s
 from cluster.launch import launch, start_local_ray
 from config import ClusterSpec
 
@@ -170,27 +170,6 @@ def capacity_part(quick: bool) -> dict[str, Any]:
     out["capacity_4gpu_goal_ratio"] = GOAL_CAPACITY_RATIO_4GPU
     out["capacity_4gpu_goal_met"] = ratio is not None and ratio >= GOAL_CAPACITY_RATIO_4GPU
     return out
-
-
-def run_and_wait_s(pids: list[int]) -> tuple[float, float]:
-    """Seconds the processes' threads ran, and waited runnable for a core (``/proc/<pid>/task/*/schedstat``):
-    the second is the host contention an engine's step lag comes from."""
-    run = wait = 0
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                fields = (task / "schedstat").read_text().split()
-            except OSError:  # a thread that ended
-                continue
-            run, wait = run + int(fields[0]), wait + int(fields[1])
-    return run / 1e9, wait / 1e9
-
-
-def main_thread_run_and_wait_s() -> tuple[float, float]:
-    """``run_and_wait_s`` of this process's main thread alone: the load generator's loop (the Ray driver's own
-    threads left out)."""
-    fields = Path(f"/proc/self/task/{os.getpid()}/schedstat").read_text().split()
-    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
 
 
 def mooncake(label: str, layout: dict[str, Any], seconds: float) -> dict[str, Any]:

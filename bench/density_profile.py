@@ -58,10 +58,71 @@ def summarize(prof: cProfile.Profile) -> dict[str, Any]:
             "top_s": {k.split("site-packages/")[-1].split("/work/main/")[-1]: round(v, 4) for k, v in top}}
 
 
-def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None) -> None:
+def _timed_emits(steps: list[tuple[float, float, int]], gcs: list[tuple[float, int, float]]) -> None:
+    """Record, per engine step, the wall ms from the start of ``Engine.apply_step`` until every request handler it
+    woke has written its token (a callback queued after their wake-ups runs after them, the loop's ready queue
+    being first in first out), with the step's requests; and each garbage collection's generation and ms (each
+    with its start, ``time.perf_counter``).
+
+    What an engine's emit costs its process's loop: while it runs, no other engine of the process can start its
+    step (the step lag a process causes itself, as against waiting for a core)."""
+    import asyncio
+
+    from actors.engine.engine import Engine
+
+    apply = Engine.apply_step
+
+    def timed(self: Engine, step: Any, cost: Any, end: float, lag: float) -> None:
+        t0 = time.perf_counter()
+        apply(self, step, cost, end, lag)
+        n = len(step.items)
+        asyncio.get_running_loop().call_soon(lambda: steps.append((t0, (time.perf_counter() - t0) * 1e3, n)))
+
+    Engine.apply_step = timed  # type: ignore[method-assign]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gcs.append((started[0], int(info["generation"]), (time.perf_counter() - started[0]) * 1e3))
+
+    gc.callbacks.append(on_gc)
+
+
+def emit_summary(steps: list[tuple[float, float, int]], gcs: list[tuple[float, int, float]]) -> dict[str, Any]:
+    """Percentiles of the emit ms per step (all steps, and steps of 8 requests or more) and the collections while
+    the engines stepped (between the first step and the last: start-up's and shut-down's left out)."""
+    import numpy as np
+
+    def pct(xs: list[float]) -> dict[str, float] | None:
+        if not xs:
+            return None
+        p50, p99 = np.percentile(xs, [50, 99])
+        return {"n": len(xs), "p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(max(xs), 3)}
+
+    first, last = (steps[0][0], steps[-1][0]) if steps else (0.0, 0.0)
+    during = [(g, ms) for t, g, ms in gcs if first <= t <= last]
+    by_gen = {g: [ms for gg, ms in during if gg == g] for g in sorted({g for g, _ in during})}
+    return {"emit_ms": pct([ms for _, ms, _ in steps]),
+            "emit_ms_8_or_more_requests": pct([ms for _, ms, n in steps if n >= 8]),
+            "requests_per_step_mean": round(sum(n for _, _, n in steps) / max(1, len(steps)), 2),
+            "stepping_s": round(last - first, 2),
+            "gc_ms": {str(g): {"n": len(v), "total": round(sum(v), 2), "max": round(max(v), 3)}
+                      for g, v in by_gen.items()}}
+
+
+def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None, emit_path: str | None) -> None:
+    import json
+
     import uvloop
 
     from actors.worker import GpuWorker
+
+    steps: list[tuple[float, float, int]] = []
+    gcs: list[tuple[float, int, float]] = []
+    if emit_path:
+        _timed_emits(steps, gcs)
 
     async def main() -> None:
         w = GpuWorker(spec_json, names)
@@ -70,6 +131,8 @@ def _worker(spec_json: str, names: list[str], q: Any, cmd: Any, dump: str | None
         await w.stop()
 
     uvloop.run(main())
+    if emit_path:
+        Path(emit_path).write_text(json.dumps(emit_summary(steps, gcs)))
 
 
 def _router(engines: dict[str, Any], spec_json: str, q: Any, cmd: Any, dump: str | None) -> None:
@@ -87,8 +150,13 @@ def _router(engines: dict[str, Any], spec_json: str, q: Any, cmd: Any, dump: str
 
 
 def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
-        modes: tuple[str, ...] = ("plain", "profile"), layout: str = "new") -> dict[str, Any]:
-    """Per process CPU us per output token, plain then profiled (``dump``: a folder for the pstats files)."""
+        modes: tuple[str, ...] = ("plain", "profile"), layout: str = "new", emit: bool = False) -> dict[str, Any]:
+    """Per process CPU us per output token, plain then profiled (``dump``: a folder for the pstats files).
+    ``emit``: the engine process's emit ms per step and its garbage collections over the whole run, warm-up
+    included (``_timed_emits``; with ``modes`` plain alone, so no profiler inflates them)."""
+    import json
+    import tempfile
+
     import uvloop
 
     from bench.density import LAYOUTS, VARIANTS, spec
@@ -99,8 +167,9 @@ def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
     groups = pack_engines(s.engines(), gpus)  # every engine in one worker: one process to profile
     ctx = mp.get_context("spawn")
     wq, wcmd, rq, rcmd = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    worker = ctx.Process(target=_worker, args=(s.model_dump_json(), [e.name for e in groups[0]], wq, wcmd, dump),
-                         daemon=True)
+    emit_path = tempfile.mktemp(prefix="density-emit-", suffix=".json") if emit else None
+    worker = ctx.Process(target=_worker, args=(s.model_dump_json(), [e.name for e in groups[0]], wq, wcmd, dump,
+                                               emit_path), daemon=True)
     worker.start()
     engines = wq.get(timeout=120)
     router = ctx.Process(target=_router, args=(engines, s.model_dump_json(), rq, rcmd, dump), daemon=True)
@@ -142,6 +211,10 @@ def run(gpus: int, streams: int, seconds: float, dump: str | None = None,
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
+    if emit_path and Path(emit_path).exists():
+        out["engines_emit"] = json.loads(Path(emit_path).read_text())
+        Path(emit_path).unlink()
+        print(f"engines' emit per step and collections: {out['engines_emit']}", flush=True)
     return out
 
 
@@ -153,10 +226,12 @@ def main() -> None:
     p.add_argument("--layout", default="new", help="a layout or variant of bench/density.py (its engine settings)")
     p.add_argument("--modes", default="plain,profile", help="windows measured: plain (unprofiled), profile")
     p.add_argument("--dump", default=None, help="a folder to write each process's pstats file into")
+    p.add_argument("--emit", action="store_true", help="the engine process's emit ms per step and collections")
     args = p.parse_args()
     gc.collect()
     result = {"bench": "density_profile", **run(args.gpus, args.streams, 4.0 if args.quick else args.seconds,
-                                                     args.dump, tuple(args.modes.split(",")), args.layout)}
+                                                     args.dump, tuple(args.modes.split(",")), args.layout,
+                                                     args.emit)}
     emit(result)
 
 

@@ -61,33 +61,44 @@ class Tally:
             self.n += k
 
 
+def text_events(buf: bytes, piece: bytes) -> tuple[int, bytes]:
+    """The text events (``data: {...}`` with a ``"text"``) that ``piece`` completes after ``buf`` (what the reads
+    before left of an event), and what is left of an event now. A read of one whole event (the router's usual
+    write) is counted as it came, without concatenating or splitting it."""
+    if buf:
+        piece = buf + piece
+    end = piece.find(b"\n\n")
+    if end < 0:
+        return 0, piece
+    if end == len(piece) - 2:
+        return (1 if piece.startswith(b"data: {") and b'"text"' in piece else 0), b""
+    *events, rest = piece.split(b"\n\n")
+    return sum(1 for e in events if e.startswith(b"data: {") and b'"text"' in e), rest
+
+
 async def stream_one(s: aiohttp.ClientSession, url: str, body: dict[str, Any],
                      tally: Tally | None = None) -> tuple[float, float, int]:
     """Send one streamed request: seconds to the first text event, seconds from it to the end, text events
     (each also counted in ``tally`` at its arrival).
 
-    The body is read as it arrives (``iter_any``) and split into SSE events here: reading it line by line
-    (``async for line in r.content``) made two buffered reads per token, the load generator's largest cost."""
+    The body is read as it arrives (``readany``) and split into SSE events here (``text_events``): reading it
+    line by line (``async for line in r.content``) made two buffered reads per token, the load generator's
+    largest cost."""
     t0 = time.monotonic()
     first = 0.0
     n = 0
     buf = b""
     async with s.post(url, data=orjson.dumps(body), headers=JSON_HEADERS) as r:
-        async for piece in r.content.iter_any():
-            buf += piece
-            if b"\n\n" not in buf:
-                continue
-            *events, buf = buf.split(b"\n\n")
-            before = n
-            for event in events:
-                if event.startswith(b"data: {") and b'"text"' in event:
-                    n += 1
-            if n > before:
+        content = r.content
+        while piece := await content.readany():
+            k, buf = text_events(buf, piece)
+            if k:
                 now = time.monotonic()
-                if before == 0:
+                if n == 0:
                     first = now
+                n += k
                 if tally is not None:
-                    tally.add(n - before, now)
+                    tally.add(k, now)
     return first - t0, time.monotonic() - first, n
 
 
@@ -192,6 +203,27 @@ def process_pids(h: ClusterHandle) -> list[int]:
     return [*h.worker_pids, *(int(ray.get(r.pid.remote(), timeout=30)) for r in h.routers.values())]
 
 
+def run_and_wait_s(pids: list[int]) -> tuple[float, float]:
+    """Seconds the processes' threads ran, and waited runnable for a core (``/proc/<pid>/task/*/schedstat``):
+    the second is the host contention an engine's step lag comes from."""
+    run = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:  # a thread that ended
+                continue
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
+
+
+def main_thread_run_and_wait_s() -> tuple[float, float]:
+    """``run_and_wait_s`` of this process's main thread alone: the load generator's loop (the Ray driver's own
+    threads left out)."""
+    fields = Path(f"/proc/self/task/{os.getpid()}/schedstat").read_text().split()
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
+
 LADDER = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 REFINE_FRACTION, REFINE_MIN_STREAMS = 0.125, 4
 """After the ladder breaks the lag bound, the gap between the last sustained level and the one that broke is
@@ -219,25 +251,36 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quic
     (worker actors + routers + this process, which runs the load generator). The ladder starts at ``start``
     concurrent streams (default: half the GPUs) and rises through ``LADDER`` until the lag bound breaks; then
     (not ``quick``) the levels between the last sustained one and the one that broke are bisected (``refine``).
-    ``levels`` are in the order measured."""
+    ``levels`` are in the order measured. Each level's ``ran_waited_s``: seconds the engine processes, the
+    routers and the load generator's loop (this process's main thread) ran, and waited runnable for a core,
+    over the level (``run_and_wait_s``): a lag that grows with the engines' wait is the host's cores, not their
+    own loop."""
     levels: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     first = gpus // 2 if start is None else start
     ladder = [c for c in LADDER if c >= first]
     duration = level_s or (4.0 if quick else 10.0)
     pids = process_pids(h)
+    groups = {"engines": list(h.worker_pids), "router": pids[len(h.worker_pids):]}
 
     def measure(conc: int) -> dict[str, Any]:
         ray.get([w.reset_lag.remote() for w in h.workers])
+        sched0 = {k: run_and_wait_s(v) for k, v in groups.items()}
+        gen0 = main_thread_run_and_wait_s()
         cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
         r = asyncio.run(closed_loop(h.router_url, conc, duration, conc))
         cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
+        gen1 = main_thread_run_and_wait_s()
+        sched = {k: [round(x1 - x0, 2) for x0, x1 in zip(sched0[k], run_and_wait_s(v), strict=True)]
+                 for k, v in groups.items()}
+        sched["load_generator"] = [round(x1 - x0, 2) for x0, x1 in zip(gen0, gen1, strict=True)]
         lag = lag_of(h)
         row = {"concurrency": conc, "rate_tok_s": round(r["rate_tok_s"], 1),
                "rate_over_wall_tok_s": round(r["rate_over_wall_tok_s"], 1),
                "ideal_rate_tok_s": round(ideal_rate(gpus, conc, scale), 1), "lag_p99_ms": round(lag["p99"], 3),
                "lag_p99_worst_engine_ms": round(lag["worst_engine_p99"], 3), "lag_max_ms": round(lag["max"], 3),
-               "cpu_us_per_token": round(cpu / max(1, r["tokens"]) * 1e6, 1), "cores": round(cpu / r["wall_s"], 3)}
+               "cpu_us_per_token": round(cpu / max(1, r["tokens"]) * 1e6, 1), "cores": round(cpu / r["wall_s"], 3),
+               "ran_waited_s": sched, "host_load_avg_1m": round(os.getloadavg()[0], 2)}
         levels.append(row)
         print(f"  {gpus} GPUs scale {scale}: {row}", flush=True)
         return row

@@ -1,11 +1,16 @@
 """The capacity ladder's refinement (``bench.engine.refine``): bisection between the last sustained level and the
-first that broke the lag bound, down to a gap of an eighth of the sustained level (at least 4 streams)."""
+first that broke the lag bound, down to a gap of an eighth of the sustained level (at least 4 streams); and the
+load generator's count of text events (``bench.engine.text_events``) however its reads cut the stream."""
 
 from __future__ import annotations
 
-import pytest
+import itertools
 
-from bench.engine import refine
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.engine import refine, text_events
 
 
 def bisect_to_end(sustained: int, broke: int, holds: int) -> tuple[int, list[int]]:
@@ -36,3 +41,21 @@ def test_close_levels_are_not_refined() -> None:
 def test_the_level_that_broke_must_lie_above() -> None:
     with pytest.raises(ValueError, match="must be above"):
         refine(64, 64)
+
+
+TEXT = b'data: {"id":"c","choices":[{"index":0,"text":"a","token_ids":[5]}]}\n\n'
+OTHER = [b'data: {"id":"c","choices":[],"usage":{"completion_tokens":3}}\n\n', b"data: [DONE]\n\n", b": ping\n\n"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(kinds=st.lists(st.integers(0, len(OTHER)), max_size=12), cuts=st.lists(st.integers(0, 2000), max_size=16))
+def test_the_load_generator_counts_each_text_event_once_however_the_reads_cut_the_stream(
+        kinds: list[int], cuts: list[int]) -> None:
+    stream = b"".join(TEXT if k == len(OTHER) else OTHER[k] for k in kinds)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    buf, counted = b"", 0
+    for a, b in itertools.pairwise(points):
+        if b > a:
+            k, buf = text_events(buf, stream[a:b])
+            counted += k
+    assert counted == kinds.count(len(OTHER)) and buf == b""
