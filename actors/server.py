@@ -19,12 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
+from actors.engine.api import StreamEvent
 from actors.engine.engine import Engine, EngineError, RequestStream
 from actors.engine.kv_blocks import BlockHash, hash_request_blocks
 from actors.engine.sequence import FinishReason, RequestId
 from actors.engine.tokenizer import Tokenizer
 from actors.feed import FeedHub
-from actors.http import serve_app
+from actors.http import serve_app, write_now
 from actors.kv_connector import KVConnector, address_from_json, address_to_json
 from actors.metrics import EngineMetrics
 from actors.migration import TOKEN_INDEX_HEADER, MigrationAgent, MigrationError
@@ -482,7 +483,30 @@ class EngineServer:
             held: list[int] = []
             plain = TextChunk(shapes, with_ids=return_ids, tokenizer=self.tokenizer)
             queue = stream.queue
+
+            def direct(ev: StreamEvent) -> bool:
+                """A steady decode's token, written from the engine's step (``EventQueue.direct``): the same
+                bytes as the loop below writes for it; anything else is left to the loop."""
+                nonlocal n_out
+                if ev.finish_reason is not None or len(ev.token_ids) != 1:
+                    return False
+                data = plain.token(ev.token_ids[0])
+                if data is None:
+                    return False
+                n_out += 1
+                queue.held = write_now(resp.write(data))
+                return True
+
+            if interval == 1 and pending_prompt_ids is None:
+                queue.direct = direct
             while True:  # the stream's events, awaited on the queue directly (``EventQueue.arrival``)
+                left = queue.held
+                if left is not None:  # a direct write to finish (or its error) comes before any later event
+                    queue.held = None
+                    if isinstance(left, BaseException):
+                        raise left
+                    await left
+                    continue
                 ev = queue.pop()
                 if ev is None:
                     await queue.arrival()
@@ -518,6 +542,8 @@ class EngineServer:
                 else:
                     await resp.write(sse(shapes.chunk(text, reason.value if reason else None,
                                                       list(ids) if return_ids else None, pending_prompt_ids)))
+                if pending_prompt_ids is not None and interval == 1:
+                    queue.direct = direct  # the prompt's ids went with the first token: the rest may go direct
                 pending_prompt_ids = None
                 if reason is not None:
                     finished = True
@@ -533,6 +559,7 @@ class EngineServer:
             stream.abort()
             raise
         finally:
+            stream.queue.direct = None  # nothing more is written from the engine's step to this response
             if not finished:
                 stream.abort()
         return resp
