@@ -155,8 +155,8 @@ BEFORE_SEND = ("parse", "prepare", "rank", "payload")
 """The router's steps between the body and the upstream send (``prepare`` holds ``fill_prompt``, ``encode``, ``hash``
 and ``overlap`` when it walks the whole prompt; a miss ranked from its head leaves them to ``Chooser.complete``,
 after the send, where the spans of the same names then lie; since the tail runs a slice per loop pass
-(``Chooser.complete_soon``: ``bench/router_holds``), a miss's ``fill_prompt`` holds only its last step and it has no
-``encode`` span)."""
+(``Chooser.complete_soon``: ``bench/router_holds``), in a task of its own beside the relay
+(``Chooser.tail_meanwhile``), a miss has no ``fill_prompt`` or ``encode`` span: the spans are the request task's)."""
 
 
 def _instrument(marks: dict[str, dict[str, int]]) -> None:

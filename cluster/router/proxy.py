@@ -149,45 +149,47 @@ class ColocatedFlow:
                         raise _Failed(f"{worker.name}: {e}") from None
                     raise
                 async with up:
-                    try:  # the request is on its way: tokenize what ranking skipped, a slice per loop pass
-                        await self.chooser.complete_soon(p.ctx)
-                    finally:
-                        self.chooser.complete(p.ctx)  # (nothing left, unless cancelled between slices)
-                    if up.status in RETRYABLE_STATUS:
-                        try:
-                            text = (await up.read()).decode("utf-8", "replace")
-                        except UpstreamError as e:
-                            text = str(e)
-                        raise _Failed(f"{worker.name}: HTTP {up.status}: {text[:200]}")
-                    ctype = up.headers.get("Content-Type", "application/json")
-                    served = {"X-Served-By": worker.name, "X-Served-Region": worker.region}
-                    if not p.req.stream or not ctype.startswith("text/event-stream"):
-                        try:
-                            data = await up.read()
-                        except UpstreamError as e:
-                            raise _Failed(f"{worker.name}: {e}") from None
-                        self._count_usage(data)
-                        self.attempts.succeeded(worker)
-                        self.metrics.responses.inc_labels(str(up.status))
-                        return Whole(up.status, data, {"Content-Type": ctype, **served})
+                    # The request is on its way: a miss's tail (tokenizing what ranking skipped) runs a slice per
+                    # loop pass beside the relay, which need not wait for it (``Chooser.tail_meanwhile``).
+                    tail = self.chooser.tail_meanwhile(p.ctx)
                     try:
-                        await p.out.start({**SSE_HEADERS, **served})
-                        if tracked is not None and self.kv is not None:
-                            with self.kv.tracking(tracked):
-                                failure = await self.relay.relay(up, p.out, st)
-                        else:
-                            failure = await self.relay.relay(up, p.out, st)
-                        if failure is None:
+                        if up.status in RETRYABLE_STATUS:
+                            try:
+                                text = (await up.read()).decode("utf-8", "replace")
+                            except UpstreamError as e:
+                                text = str(e)
+                            raise _Failed(f"{worker.name}: HTTP {up.status}: {text[:200]}")
+                        ctype = up.headers.get("Content-Type", "application/json")
+                        served = {"X-Served-By": worker.name, "X-Served-Region": worker.region}
+                        if not p.req.stream or not ctype.startswith("text/event-stream"):
+                            try:
+                                data = await up.read()
+                            except UpstreamError as e:
+                                raise _Failed(f"{worker.name}: {e}") from None
+                            self._count_usage(data)
                             self.attempts.succeeded(worker)
-                            await self.relay.finish(p.out, st)
-                            self.metrics.responses.inc_labels("200")
-                            await up.drain()  # the client has it all; keep the engine's connection pooled
+                            self.metrics.responses.inc_labels(str(up.status))
+                            return Whole(up.status, data, {"Content-Type": ctype, **served})
+                        try:
+                            await p.out.start({**SSE_HEADERS, **served})
+                            if tracked is not None and self.kv is not None:
+                                with self.kv.tracking(tracked):
+                                    failure = await self.relay.relay(up, p.out, st)
+                            else:
+                                failure = await self.relay.relay(up, p.out, st)
+                            if failure is None:
+                                self.attempts.succeeded(worker)
+                                await self.relay.finish(p.out, st)
+                                self.metrics.responses.inc_labels("200")
+                                await up.drain()  # the client has it all; keep the engine's connection pooled
+                                return None
+                        except DISCONNECTS:
+                            # The client left: leaving this block closes the upstream connection, which aborts
+                            # the request on the engine.
+                            self.metrics.responses.inc_labels("499")
                             return None
-                    except DISCONNECTS:
-                        # The client left: leaving this block closes the upstream connection, which aborts
-                        # the request on the engine.
-                        self.metrics.responses.inc_labels("499")
-                        return None
+                    finally:
+                        self.chooser.end_tail(tail, p.ctx)  # (before a failed attempt's record is dropped)
             finally:
                 st.settle()
         # The worker moved the request (live migration) or died mid-stream: the client holds part of the

@@ -4,16 +4,24 @@ tasks run between slices, and what it computes is what ``complete`` computes in 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
+from actors.engine.kv_blocks import hash_request_blocks
 from actors.engine.tokenizer import Tokenizer
 from cluster.loadtest.client import ids_to_text
+from cluster.router.app import RouterServer
 from cluster.router.choice import LEARN_SLICE, Chooser, RoutedRequest
+from cluster.router.exchange import Call
 from cluster.router.view import RequestContext
+from tests.unit.router.conftest import workers
+from tests.unit.router.fakes import Answer, FakeClient, FakeUpstream, token_events
 from tests.unit.router.test_deferred_tail import SPACED, chooser
 
 
@@ -98,3 +106,37 @@ def test_encode_pieces_join_to_encode(lead: str, words: list[str], sep: str, per
     assert [i for piece in pieces for i in piece] == Tokenizer(32000).encode(text)
     if Tokenizer.spaced(text):
         assert all(len(piece) <= 3 * per for piece in pieces)  # (a word is at most 3 pieces here)
+
+
+class _Watching(FakeClient):
+    """A client that notes, at each write, how many deferred tails its router still has pending."""
+
+    def __init__(self, router: RouterServer) -> None:
+        super().__init__()
+        self.router = router
+        self.pending_at_write: list[int] = []
+
+    async def write(self, data: bytes) -> None:
+        self.pending_at_write.append(len(self.router.chooser._pending))
+        await super().write(data)
+
+
+async def test_a_miss_is_relayed_while_its_tail_is_still_pending_and_the_tail_ends_with_the_attempt(
+        make_router: Callable[..., Awaitable[RouterServer]], upstream: FakeUpstream) -> None:
+    # The engine answers at once; the relay no longer waits for the tail (Chooser.tail_meanwhile): the first
+    # event reaches the client while the tail is pending, and by the end of the request it is complete and
+    # recorded as ``complete`` records it.
+    ws = workers(2)
+    for w in ws:
+        upstream.engine(w.url, lambda s: Answer(parts=token_events([5, 6], usage=3)))
+    r = await make_router(ws, policy="kv_aware")
+    b = miss(7, 4 * LEARN_SLICE)
+    out = _Watching(r)
+    assert await r.route(Call("/v1/completions", CIMultiDict({"Content-Type": "application/json"}),
+                              json.dumps(b).encode(), {}), out, False) is None
+    assert out.token_ids() == [5, 6] and out.pending_at_write[0] == 1  # relayed before the tail was done
+    assert not r.chooser._pending  # completed when the attempt ended
+    ids = Tokenizer(32000).encode(b["prompt"])
+    hashes = hash_request_blocks(ids, ws[0].block_size)
+    served = next(w.name for w in ws if upstream.to(w.url))
+    assert r.chooser.approx.overlap(hashes, [served], 0.0)[served] == len(hashes)  # the whole prompt recorded
