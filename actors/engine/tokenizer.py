@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from hashlib import blake2b
 from itertools import chain, islice, repeat
 from operator import methodcaller
-from typing import cast
+from typing import Literal, cast
 
 import numpy as np
 
@@ -46,6 +46,12 @@ _COPY = methodcaller("copy")
 _UPDATE = type(_BLAKE2B_8).update
 _DIGEST = type(_BLAKE2B_8).digest
 """A copy of a blake2b state, its update and its digest, as functions for ``map`` (``Tokenizer._learn``)."""
+_LITTLE: Literal["little"] = "little"
+NUMPY_WORDS = 128
+"""Words from which ``Tokenizer._learn_short`` reads its digests with numpy: below, a head's few words before a
+send (a cache miss's first blocks, a hit's next block), numpy's calls, cold in the router's loop, cost more than
+mapping ``int.from_bytes`` (``bench/router_miss --hit``: a hit's ranking ~200 us more of CPU with numpy for its
+16 words; for 256 words numpy is ~1.5x faster hot)."""
 _BLAKE2B_SPACE = blake2b(b" ", digest_size=8)
 """The 8-byte blake2b state after a space: a copy updated with a word's UTF-8 digests as ``blake2b_64`` of the
 space and the word (``Tokenizer._learn``)."""
@@ -257,12 +263,17 @@ class Tokenizer:
         blake2b state that has hashed a space (blake2b is a stream: the same digest as the space and the word at
         once), updated and digested (``map`` over the unbound methods, the update's Nones consumed by a
         zero-length ``deque``), the digests read as little-endian ``uint64`` (numpy: the id is the digest mod the
-        span, exact in ``uint64``), the pairs stored by ``dict.update`` (``zip`` of the ids alone makes the
-        1-tuples). The same ids as ``_piece_id``'s."""
+        span, exact in ``uint64``; fewer than ``NUMPY_WORDS`` words: ``int.from_bytes``, the mod and the offset
+        mapped, as numpy's calls cost the router's loop more than they save on a few words), the pairs stored by
+        ``dict.update`` (``zip`` of the ids alone makes the 1-tuples). The same ids as ``_piece_id``'s."""
         states = list(map(_COPY, repeat(_BLAKE2B_SPACE, len(words))))
         deque(map(_UPDATE, states, " ".join(words).encode().split(b" ")), maxlen=0)
-        digests = np.frombuffer(b"".join(map(_DIGEST, states)), dtype="<u8")
-        ids: list[int] = (digests % np.uint64(self._span) + np.uint64(RESERVED)).tolist()
+        if len(words) < NUMPY_WORDS:
+            ids = list(map(RESERVED.__add__, map(self._span.__rmod__, map(int.from_bytes, map(_DIGEST, states),
+                                                                             repeat(_LITTLE)))))
+        else:
+            digests = np.frombuffer(b"".join(map(_DIGEST, states)), dtype="<u8")
+            ids = (digests % np.uint64(self._span) + np.uint64(RESERVED)).tolist()
         if len(self._after_space) < 400_000:
             self._after_space.update(zip(words, zip(ids), strict=True))
         return ids

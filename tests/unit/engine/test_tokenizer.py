@@ -143,6 +143,8 @@ def test_fresh_short_words_learnt_together_have_the_ids_of_blake2b_from_scratch(
             % (vocab - RESERVED)
 
     words = [f"{a}{b}{c}" for a in "aZ9\u00e9" for b in "q\u4e2d" for c in "x7"] + ["z", "\u00df", "longer", "abcd"]
-    text = " " + " ".join(words)
-    want = [piece_id((" " + w)[i:i + 4]) for w in words for i in range(0, len(w) + 1, 4)]
-    assert Tokenizer(vocab).encode(text) == want
+    many = [f"{a}{b}" for a in "klmnopqrstuvwxyz" for b in "ABCDEFGHIJ"]  # (160 words: the numpy path, NUMPY_WORDS)
+    for ws in (words, many, words + many):
+        text = " " + " ".join(ws)
+        want = [piece_id((" " + w)[i:i + 4]) for w in ws for i in range(0, len(w) + 1, 4)]
+        assert Tokenizer(vocab).encode(text) == want
