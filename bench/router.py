@@ -80,7 +80,11 @@ class SGLangRouter:
         fd, self.log = tempfile.mkstemp(prefix="sglang-router-", suffix=".log")
         self.proc = subprocess.Popen([py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                       "--port", str(self.port), "--worker-urls", *worker_urls, "--policy", policy,
-                                      "--log-level", "error"], stdout=fd, stderr=subprocess.STDOUT)
+                                      "--log-level", "error",
+                                      # its Prometheus server binds 0.0.0.0:29000 unless told: two sgl-routers at
+                                      # once (a test beside a bench) then fail to start; ours is loopback, any port
+                                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+                                     stdout=fd, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
             try:

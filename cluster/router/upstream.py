@@ -36,8 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import types
-from collections.abc import Coroutine, Generator, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -45,6 +44,8 @@ from typing import Any, Protocol, Self
 import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from yarl import URL
+
+from actors.http import go_on
 
 
 class UpstreamError(Exception):
@@ -166,25 +167,6 @@ class AiohttpResponse:
         self.close()
 
 
-@types.coroutine
-def _go_on(coro: Coroutine[Any, Any, None], waiting: Any) -> Generator[Any, None, None]:
-    """Drive ``coro`` on from where it first suspended (awaiting ``waiting``), as its task would have: each
-    future it awaits is handed to the task running this, and what the task sends or throws back goes into it."""
-    while True:
-        try:
-            yield waiting
-        except BaseException as e:  # (cancellation among them: ``coro`` handles it as aiohttp wrote it to)
-            try:
-                waiting = coro.throw(e)
-            except StopIteration:
-                return
-        else:
-            try:
-                waiting = coro.send(None)
-            except StopIteration:
-                return
-
-
 async def _written() -> None:
     """What is left of a body written whole: nothing."""
 
@@ -200,8 +182,8 @@ class _EagerBodyRequest(aiohttp.ClientRequest):
     contended host: medians 401/344/337 -> 337/326/295 us wall, the same CPU). This does what
     3.12 does: ``write_bytes`` runs here to its first suspension, which for a body of bytes under the transport's
     limit is its end (the task then runs an empty coroutine); a body that must wait for the transport to drain
-    goes on in the task from where it stopped (``_go_on``), so errors, cancellation and the order of writes are
-    aiohttp's own."""
+    goes on in the task from where it stopped (``actors.http.go_on``), so errors, cancellation and the order of
+    writes are aiohttp's own."""
 
     if sys.version_info < (3, 12):
         def write_bytes(self, writer: AbstractStreamWriter, conn: Any,
@@ -212,7 +194,7 @@ class _EagerBodyRequest(aiohttp.ClientRequest):
                 waiting = coro.send(None)
             except StopIteration:
                 return _written()
-            return _go_on(coro, waiting)
+            return go_on(coro, waiting)
 
 
 @dataclass(frozen=True)

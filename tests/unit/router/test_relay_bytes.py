@@ -1,5 +1,5 @@
 """The relay's bytes to the client, however the engine's stream is cut into reads; and the eager body write's
-hand-over of a write that must wait (``upstream._go_on``). Pure: fake reads, no sockets."""
+hand-over of a write that must wait (``actors.http.go_on``). Pure: fake reads, no sockets."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.http import go_on
 from cluster.router.metrics import RouterMetrics
 from cluster.router.relay import ENDED_EARLY, Relay, StreamState
-from cluster.router.upstream import _go_on, _written
+from cluster.router.upstream import _written
 from tests.unit.router.fakes import event
 
 
@@ -119,7 +120,7 @@ async def test_a_body_write_that_must_wait_goes_on_in_its_task_from_where_it_sto
     log: list[str] = []
     coro = _body(steps, log)
     waiting = coro.send(None)  # as ``_EagerBodyRequest.write_bytes`` runs it, up to its first wait
-    task = loop.create_task(_go_on(coro, waiting))
+    task = loop.create_task(go_on(coro, waiting))
     await asyncio.sleep(0)
     assert log == [] and not task.done()
     steps[0].set_result(None)
@@ -135,7 +136,7 @@ async def test_cancelling_the_task_of_a_waiting_body_write_cancels_the_write() -
     steps: list[asyncio.Future[None]] = [loop.create_future()]
     log: list[str] = []
     coro = _body(steps, log)
-    task = loop.create_task(_go_on(coro, coro.send(None)))
+    task = loop.create_task(go_on(coro, coro.send(None)))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
