@@ -1,13 +1,16 @@
 """Starting an aiohttp application on a host and port (0 picks a free one) and learning the port; running an
-aiohttp write from code that is not a coroutine (``write_now``)."""
+aiohttp write from code that is not a coroutine (``write_now``); running an awaitable to its first suspension and
+something else before it waits (``first_step_then``)."""
 
 from __future__ import annotations
 
 import types
-from collections.abc import Awaitable, Coroutine, Generator
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar
 
 from aiohttp import web
+
+T = TypeVar("T")
 
 
 async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -36,20 +39,48 @@ def write_now(coro: Coroutine[Any, Any, None]) -> Awaitable[None] | BaseExceptio
     return go_on(coro, waiting)
 
 
+def first_step_then(awaitable: Awaitable[T], then: Callable[[], None]) -> Awaitable[T]:
+    """Run ``awaitable`` here to its first suspension, then call ``then``; the rest goes on in the task that awaits
+    what this returns (``go_on``). ``then`` runs before any other task can, so for the rest of the program it is as
+    if it had run first; it is called whether the first step suspended, ended or raised (then before the error
+    goes on). What it serves: work that must precede the next decision but not the bytes an awaitable sends in
+    its first step (the router's bookkeeping of a request it has just written to an engine)."""
+    it = awaitable.__await__()
+    try:
+        waiting = it.send(None)
+    except StopIteration as stop:
+        then()
+        return _ended(stop.value)
+    except BaseException:
+        then()
+        raise
+    try:
+        then()
+    except BaseException:
+        it.close()
+        raise
+    return go_on(it, waiting)
+
+
+async def _ended(value: T) -> T:
+    return value
+
+
 @types.coroutine
-def go_on(coro: Coroutine[Any, Any, None], waiting: Any) -> Generator[Any, None, None]:
+def go_on(coro: Coroutine[Any, Any, T] | Generator[Any, None, T], waiting: Any) -> Generator[Any, None, T]:
     """Drive ``coro`` on from where it first suspended (awaiting ``waiting``), as its task would have: each
-    future it awaits is handed to the task running this, and what the task sends or throws back goes into it."""
+    future it awaits is handed to the task running this, and what the task sends or throws back goes into it;
+    its value is this one's."""
     while True:
         try:
             yield waiting
         except BaseException as e:  # (cancellation among them: ``coro`` handles it as aiohttp wrote it to)
             try:
                 waiting = coro.throw(e)
-            except StopIteration:
-                return
+            except StopIteration as stop:
+                return stop.value
         else:
             try:
                 waiting = coro.send(None)
-            except StopIteration:
-                return
+            except StopIteration as stop:
+                return stop.value

@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -64,7 +64,9 @@ class _Answer:
 
 class _Upstream:
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None) -> _Answer:
+                      headers: Mapping[str, str] | None = None, sent: Callable[[], None] | None = None) -> _Answer:
+        if sent is not None:
+            sent()
         await asyncio.sleep(0.0005)  # the send, and the engine's headers coming back
         return _Answer()
 

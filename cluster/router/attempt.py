@@ -38,6 +38,11 @@ class Attempt:
         self.worker = worker
         self.origin = origin
 
+    @property
+    def waits(self) -> bool:
+        """Whether entering waits an emulated round trip (other requests are decided meanwhile)."""
+        return self.attempts.topology.rtt_ms(self.origin, self.worker.region) > 0
+
     async def __aenter__(self) -> WorkerInfo:
         a, w = self.attempts, self.worker
         rtt = a.topology.rtt_ms(self.origin, w.region)

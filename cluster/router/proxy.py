@@ -111,8 +111,6 @@ class ColocatedFlow:
         for attempt, worker in enumerate(ranked[: self.max_attempts]):
             if attempt:
                 self.metrics.retries.inc_labels("upstream_failure")
-            self.chooser.routed(p.policy, worker, p.ctx)
-            self._note_routed(worker, p.ctx)
             try:
                 return await self._attempt(p, worker, payload, headers)
             except _Failed as e:
@@ -130,7 +128,14 @@ class ColocatedFlow:
             self.metrics.predicted_hit_tokens.inc(min(hit, max(0, ctx.num_tokens - 1)))
 
     async def _attempt(self, p: Proxied, worker: WorkerInfo, payload: bytes, headers: dict[str, str]) -> Whole | None:
-        """One worker's answer relayed to the client; raises _Failed before any byte was sent."""
+        """One worker's answer relayed to the client; raises _Failed before any byte was sent.
+
+        The attempt's bookkeeping (the policy's and the index's record of the choice, the routing metrics, the
+        blocks the worker owes) is done by ``sent``, which the upstream calls once the request is on its way and
+        before any other task runs (``Upstream.request``): every later decision sees it, as when it was done
+        before the send, and the engine has the request that much sooner (``bench/router_miss``). Where the
+        attempt first waits an emulated round trip (``Attempt.waits``), the choice is recorded before that wait,
+        as before."""
         st = p.st
         failure: str | None = None
         tracked = self._tracked(p, worker, headers)
@@ -138,11 +143,26 @@ class ColocatedFlow:
             extra = self.kv.checkpoint_params(tracked)
             if extra is not None:
                 payload = splice_json(payload, {"kv_transfer_params": extra})
-        async with self.attempts.on(worker, p.ctx.origin_region):
+        recorded = False
+
+        def record() -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                self.chooser.routed(p.policy, worker, p.ctx)
+                self._note_routed(worker, p.ctx)
+
+        def sent() -> None:
+            record()
             st.owe(worker, max(0, p.ctx.num_blocks - p.ctx.overlap.get(worker.name, 0)))
+
+        attempt = self.attempts.on(worker, p.ctx.origin_region)
+        if attempt.waits:
+            record()
+        async with attempt:
             try:
                 try:
-                    up = await self.upstream.request("POST", worker.url, p.call.path, payload, headers)
+                    up = await self.upstream.request("POST", worker.url, p.call.path, payload, headers, sent)
                 except BaseException as e:
                     self.chooser.complete(p.ctx)  # (its record goes with the attempt: ``Chooser.failed``)
                     if isinstance(e, UpstreamError):

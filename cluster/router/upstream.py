@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from yarl import URL
 
-from actors.http import go_on
+from actors.http import first_step_then, go_on
 
 
 class UpstreamError(Exception):
@@ -82,8 +82,12 @@ class UpstreamResponse(Protocol):
 
 class Upstream(Protocol):
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None) -> UpstreamResponse:
-        """Send one request; return once the answer's status and headers arrived."""
+                      headers: Mapping[str, str] | None = None,
+                      sent: Callable[[], None] | None = None) -> UpstreamResponse:
+        """Send one request; return once the answer's status and headers arrived. ``sent`` is called once, before
+        any other task runs, as soon as the request is on its way (written to a pooled connection, or waiting for
+        a connection, or failed): what the caller must do before the next decision but not before the engine
+        has the request (its bookkeeping) then runs while the engine works."""
         ...
 
     async def warm(self, base_url: str, connections: int) -> int:
@@ -226,17 +230,26 @@ class AiohttpUpstream:
                                      cookie_jar=aiohttp.DummyCookieJar(), request_class=_EagerBodyRequest)
 
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None) -> AiohttpResponse:
+                      headers: Mapping[str, str] | None = None,
+                      sent: Callable[[], None] | None = None) -> AiohttpResponse:
         if self._session is None:
             self._session = self._open()
         text = base_url + path
         url = self._urls.get(text)
         try:
-            if url is None:
-                if len(self._urls) >= _MAX_URLS:
-                    self._urls.clear()
-                url = self._urls[text] = URL(text)
-            resp = await self._session.request(method, url, data=body or None, headers=headers)
+            try:
+                if url is None:
+                    if len(self._urls) >= _MAX_URLS:
+                        self._urls.clear()
+                    url = self._urls[text] = URL(text)
+                pending = self._session.request(method, url, data=body or None, headers=headers)
+            except BaseException:
+                if sent is not None:
+                    sent()
+                raise
+            # With ``sent``: the request is built and, on a pooled connection, written here (``_EagerBodyRequest``)
+            # before ``sent`` runs; the wait for the answer's headers goes on in this task.
+            resp = await (pending if sent is None else first_step_then(pending, sent))
         except _FAILURES as e:
             raise _mapped(e) from None
         return AiohttpResponse(resp)

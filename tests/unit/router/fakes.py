@@ -137,13 +137,16 @@ class FakeUpstream:
         self.engines[url] = script
 
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None) -> FakeResponse:
+                      headers: Mapping[str, str] | None = None,
+                      sent: Callable[[], None] | None = None) -> FakeResponse:
+        if sent is not None:
+            sent()  # (on its way: before any other task runs, as AiohttpUpstream calls it)
         await asyncio.sleep(0)
         if base_url in self.down or base_url not in self.engines:
             raise UpstreamError(f"cannot connect to {base_url}: connection refused")
-        sent = Sent(base_url, method, path, json.loads(body) if body else None, dict(headers or {}))
-        self.sent.append(sent)
-        answer = self.engines[base_url](sent)
+        got = Sent(base_url, method, path, json.loads(body) if body else None, dict(headers or {}))
+        self.sent.append(got)
+        answer = self.engines[base_url](got)
         if answer.stall_head:
             await asyncio.get_running_loop().create_future()
         resp = FakeResponse(self, answer)

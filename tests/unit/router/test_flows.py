@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -14,8 +14,10 @@ from multidict import CIMultiDict
 from cluster.router.app import RouterServer
 from cluster.router.exchange import Call, Whole
 from cluster.router.upstream import UpstreamError
+from cluster.router.view import WorkerInfo
+from config.cluster import RouterSpec
 from tests.unit.router.conftest import workers
-from tests.unit.router.fakes import STALL, Answer, FakeClient, FakeUpstream, Sent, token_events
+from tests.unit.router.fakes import STALL, Answer, FakeClient, FakeResponse, FakeUpstream, Sent, token_events
 from tests.virtual_clock import VirtualClock
 
 MakeRouter = Callable[..., Awaitable[RouterServer]]
@@ -227,3 +229,48 @@ async def test_a_remote_region_pays_the_emulated_round_trip(
     upstream.engine("http://w0", tokens(1))
     await vclock.run(r.completions(call(streamed([1], 1)), FakeClient()))
     assert vclock.now_ms() == 75.0 and r.metrics.cross_region.value("us", "eu") == 1
+
+
+class _Watching(FakeUpstream):
+    """Fake engines that note the prefill blocks owed on the workers when a request reaches them, before and after
+    the router's ``sent`` callback."""
+
+    def __init__(self, ws: list[WorkerInfo]) -> None:
+        super().__init__()
+        self.ws = ws
+        self.owed: list[tuple[int, int]] = []
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
+                      headers: Mapping[str, str] | None = None,
+                      sent: Callable[[], None] | None = None) -> FakeResponse:
+        before = sum(w.prefilling_blocks for w in self.ws)
+        if sent is not None:
+            sent()
+        self.owed.append((before, sum(w.prefilling_blocks for w in self.ws)))
+        return await super().request(method, base_url, path, body, headers)
+
+
+async def test_the_attempt_is_booked_once_its_request_is_on_its_way_before_any_other_task_runs(
+        vclock: VirtualClock) -> None:
+    """The engine gets the request before the router's bookkeeping of the attempt (the choice recorded, the blocks
+    it owes), which the upstream's ``sent`` does before the loop runs anything else; no second request is decided
+    without it (the second request, of another prompt, is decided knowing what the first owes)."""
+    ws = workers(2)
+    up = _Watching(ws)
+    for w in ws:
+        up.engine(w.url, tokens(5, 6, usage=64))
+    r = RouterServer(ws, RouterSpec(index_mode="approximate", policy="kv_aware"), clock=vclock, upstream=up,
+                     prefill_ms=lambda w, new, cached: new / 100.0)
+    await r.start_mechanism()
+    try:
+        prompts = [list(range(1, 65)), list(range(101, 165))]  # 4 blocks of 16 each, none shared
+        outs = [FakeClient(), FakeClient()]
+
+        async def both() -> None:
+            await asyncio.gather(*(r.completions(call(streamed(p, 2)), o) for p, o in zip(prompts, outs, strict=True)))
+
+        await vclock.run(both())
+        assert all(o.token_ids() == [5, 6] for o in outs)
+        assert up.owed == [(0, 4), (4, 8)]  # each booked after its send; the second saw the first's
+    finally:
+        await r.stop_mechanism()

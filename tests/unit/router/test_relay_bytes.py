@@ -1,5 +1,6 @@
-"""The relay's bytes to the client, however the engine's stream is cut into reads; and the eager body write's
-hand-over of a write that must wait (``actors.http.go_on``). Pure: fake reads, no sockets."""
+"""The relay's bytes to the client, however the engine's stream is cut into reads; the eager body write's
+hand-over of a write that must wait (``actors.http.go_on``); a request's first step, then its bookkeeping, then
+the rest (``actors.http.first_step_then``). Pure: fake reads, no sockets."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.http import go_on
+from actors.http import first_step_then, go_on
 from cluster.router.metrics import RouterMetrics
 from cluster.router.relay import ENDED_EARLY, Relay, StreamState
 from cluster.router.upstream import _written
@@ -148,3 +149,46 @@ async def test_a_body_written_whole_leaves_its_task_nothing_to_do() -> None:
     task = asyncio.get_running_loop().create_task(_written())
     await task
     assert task.done() and not task.cancelled() and task.exception() is None
+
+
+async def test_first_step_then_runs_the_callback_after_the_first_step_and_before_any_other_task() -> None:
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[None] = loop.create_future()
+    log: list[str] = []
+
+    async def request() -> int:
+        log.append("written")
+        await answer
+        log.append("answered")
+        return 7
+
+    async def other() -> None:
+        log.append("other task")
+
+    task = loop.create_task(other())  # ready: it runs at the loop's next pass
+    rest = first_step_then(request(), lambda: log.append("then"))
+    assert log == ["written", "then"]
+    await asyncio.sleep(0)
+    assert log == ["written", "then", "other task"] and task.done()
+    answer.set_result(None)
+    assert await rest == 7
+    assert log == ["written", "then", "other task", "answered"]
+
+
+async def test_first_step_then_calls_back_when_the_first_step_ends_or_raises() -> None:
+    log: list[str] = []
+
+    async def at_once() -> str:
+        log.append("ran")
+        return "done"
+
+    async def refused() -> str:
+        log.append("ran")
+        raise ConnectionRefusedError("no engine")
+
+    assert await first_step_then(at_once(), lambda: log.append("then")) == "done"
+    assert log == ["ran", "then"]
+    log.clear()
+    with pytest.raises(ConnectionRefusedError):
+        first_step_then(refused(), lambda: log.append("then"))
+    assert log == ["ran", "then"]
