@@ -64,12 +64,15 @@ def test_cost_model_reads_its_gemms_at_the_padded_m() -> None:
     assert gemm(tiled, 17) == pytest.approx(gemm(smooth, 64)) and gemm(tiled, 17) > gemm(smooth, 17)
 
 
-def test_h200_fits_its_fp8_table_at_the_padded_m_and_serves_the_curve_at_the_served_m() -> None:
+@pytest.mark.parametrize("gpu", ["h100-80g-sxm", "h200-141g-sxm"])
+def test_hopper_fits_its_fp8_table_at_the_padded_m_and_serves_the_curve_at_the_served_m(gpu: str) -> None:
     # GEMM_TILE_TABLES without GEMM_TILE_SERVED: the calibration reads the table's rows at the padded m, the preset's
-    # fit carries no m_tiles, so the cost model reads the fitted curve at the m it serves (257 stays 257).
-    assert m_tiles("h200-141g-sxm", "gemm_fp8") == TILES and served_m_tiles("h200-141g-sxm", "gemm_fp8") == []
+    # fit carries no m_tiles, so the cost model reads the fitted curve at the m it serves (257 stays 257). Both
+    # Hopper parts alike: same die, same kernels, the same unaligned rows in their tables.
+    assert m_tiles(gpu, "gemm_fp8") == TILES and served_m_tiles(gpu, "gemm_fp8") == []
+    assert m_tiles(gpu, "gemm") == []  # the 16-bit tables have no unaligned step (t(256j+1)/t(256j) ~1.01)
     assert set(GEMM_TILE_TABLES) >= GEMM_TILE_SERVED
-    hw = CAT.hardware.get("h200-141g-sxm")
+    hw = CAT.hardware.get(gpu)
     fit = hw.efficiency.gemm_fp8
     assert fit.m_tiles == [] and fit.padded_m(257) == 257
     model = CAT.models.get("llama-3.1-70b-fp8")
