@@ -24,6 +24,7 @@ Each path sends the same prompts once; 104 requests per path (54 with ``--quick`
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import statistics
@@ -193,11 +194,12 @@ def _instrument(marks: dict[str, dict[str, int]]) -> None:
         setattr(owner, attr, wrapped)
 
     dispatch = web.Dispatch.__call__
+    numbers = itertools.count()
 
     async def entry(self: Any, request: Any) -> Any:
         t = asyncio.current_task()
         assert t is not None
-        name = f"req-{id(t)}"
+        name = f"req-{next(numbers)}"  # (not the task's id: a finished task's id is reused, its marks overwritten)
         t.set_name(name)
         marks[name] = {"dispatch": NOW(), "rid": int(request.headers.get("X-Request-Id", "-1"))}
         return await dispatch(self, request)
