@@ -34,8 +34,14 @@ from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
 
-HEAD_BLOCKS = 2
-"""Blocks of a prompt hashed before ranking it when the rest may wait (``Chooser.prepare``)."""
+HEAD_BLOCKS = 1
+"""Blocks of a prompt hashed before ranking it when the rest may wait (``Chooser.prepare``). One decides a miss:
+overlaps count leading blocks, so where no candidate holds the first block none holds any, and where one holds
+it the whole prompt is walked, as before, to the same overlaps. Two until now: the second block's words, new to
+the router on a new prefix, cost ~30 us hot (more cold) on a miss's path before its send."""
+MEMO_HEAD_BLOCKS = 2
+"""Blocks a prompt must share with one the prompt memo holds to be ranked from the memo (``Chooser._known_head``,
+whose tail is then completed at once, its words mostly known)."""
 LEARN_SLICE = 256
 """Words of a deferred miss's tail tokenized per pass of the loop (``Chooser.complete_soon``): ~0.3-0.6 ms of CPU
 when they are new to the tokenizer."""
@@ -211,7 +217,7 @@ class Chooser:
         bs = pool[0].block_size
         if self.use_memo:
             chars, tokens, entry = self.memo(pool[0].vocab_size, bs).match(p)
-            if entry is not None and tokens >= HEAD_BLOCKS * bs:  # a prefix met before, likely a hit
+            if entry is not None and tokens >= MEMO_HEAD_BLOCKS * bs:  # a prefix met before, likely a hit
                 return self._known_head(ctx, req, pool, p, chars, tokens, entry)
         tok = self._tokenizer(pool[0].vocab_size)
         got = tok.head_and_count(p, HEAD_BLOCKS * bs)  # (split_head's head, and the count, in one pass)
