@@ -34,14 +34,11 @@ from cluster.router.tiers import TierPricing
 from cluster.router.view import ClusterView, RequestContext, WorkerId, WorkerInfo
 from config.cluster import RouterSpec
 
-HEAD_BLOCKS = 1
-"""Blocks of a prompt hashed before ranking it when the rest may wait (``Chooser.prepare``). One decides a miss:
-overlaps count leading blocks, so where no candidate holds the first block none holds any, and where one holds
-it the whole prompt is walked, as before, to the same overlaps. Two until now: the second block's words, new to
-the router on a new prefix, cost ~30 us hot (more cold) on a miss's path before its send."""
-MEMO_HEAD_BLOCKS = 2
-"""Blocks a prompt must share with one the prompt memo holds to be ranked from the memo (``Chooser._known_head``,
-whose tail is then completed at once, its words mostly known)."""
+HEAD_BLOCKS = 2
+"""Blocks of a prompt hashed, at most, before ranking it when the rest may wait (``Chooser.prepare``). The first
+block alone decides a miss (overlaps count leading blocks: where no candidate holds the first block, none holds
+any); only where one holds it is the second tokenized and hashed too (``Chooser._head_only``). A new prefix's
+words are new to the router, and the second block's cost ~30 us hot (more cold) on a miss's path before its send."""
 LEARN_SLICE = 256
 """Words of a deferred miss's tail tokenized per pass of the loop (``Chooser.complete_soon``): ~0.3-0.6 ms of CPU
 when they are new to the tokenizer."""
@@ -217,17 +214,20 @@ class Chooser:
         bs = pool[0].block_size
         if self.use_memo:
             chars, tokens, entry = self.memo(pool[0].vocab_size, bs).match(p)
-            if entry is not None and tokens >= MEMO_HEAD_BLOCKS * bs:  # a prefix met before, likely a hit
+            if entry is not None and tokens >= HEAD_BLOCKS * bs:  # a prefix met before, likely a hit
                 return self._known_head(ctx, req, pool, p, chars, tokens, entry)
         tok = self._tokenizer(pool[0].vocab_size)
-        got = tok.head_and_count(p, HEAD_BLOCKS * bs)  # (split_head's head, and the count, in one pass)
-        if got is None:
-            return False
-        head, count = got
-        hashes = [int(h) for h in hash_request_blocks(head, bs, limit=HEAD_BLOCKS)]
-        if len(hashes) < HEAD_BLOCKS:
-            return False  # a short prompt: nothing to save
-        return self._defer(ctx, req, pool, p, hashes, count, fresh=tok)
+        for blocks in (1, HEAD_BLOCKS):  # the first block; both when a candidate holds the first
+            got = tok.head_and_count(p, blocks * bs)  # (split_head's head, and the count, in one pass)
+            if got is None:
+                return False
+            head, count = got
+            hashes = [int(h) for h in hash_request_blocks(head, bs, limit=blocks)]
+            if len(hashes) < blocks:
+                return False  # a short prompt: nothing to save
+            if self._defer(ctx, req, pool, p, hashes, count, fresh=tok):
+                return True
+        return False
 
     def _known_head(self, ctx: RequestContext, req: RoutedRequest, pool: list[WorkerInfo], p: str, chars: int,
                     tokens: int, entry: MemoEntry) -> bool:

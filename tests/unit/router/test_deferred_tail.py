@@ -224,3 +224,23 @@ def test_a_known_prefix_with_a_new_part_is_sent_before_the_new_part_is_tokenized
         c.complete(ctx)
         assert ctx.prompt_ids == TOK.encode(text)
     assert ranked[0] is ranked[1] is ranked[2]  # the prefix, in flight there, draws the later requests
+
+
+def test_a_miss_that_shares_only_its_first_block_is_ranked_from_two_blocks_without_walking_it_all() -> None:
+    # The first block alone decides a miss; where a candidate holds it, the second block is hashed too, and the
+    # prompt is still ranked from its head when no candidate holds both (the rest waits for the send).
+    c, policy, ws = chooser("approximate")
+    rng = random.Random(1)
+    first, second = body(0, rng, 20), body(0, rng, 20)  # 20 shared words: one full block of 16
+    ctx = RequestContext(first)
+    c.prepare(policy, ctx, RoutedRequest.of(first, False), ws, defer_tail=True)
+    assert ctx.tail is not None and not any(ctx.overlap.values())  # a miss, ranked from its first block
+    home = c.rank(policy, ws, ctx)[0]
+    c.routed(policy, home, ctx)
+    c.complete(ctx)
+    ctx2 = RequestContext(second)
+    c.prepare(policy, ctx2, RoutedRequest.of(second, False), ws, defer_tail=True)
+    assert ctx2.tail is not None  # not walked whole before its send
+    assert ctx2.overlap == {w.name: 1 if w is home else 0 for w in ws}
+    c.complete(ctx2)
+    assert len(ctx2.block_hashes) == len(TOK.encode(second["prompt"])) // 16
