@@ -39,12 +39,18 @@ def write_now(coro: Coroutine[Any, Any, None]) -> Awaitable[None] | BaseExceptio
     return go_on(coro, waiting)
 
 
-def first_step_then(awaitable: Awaitable[T], then: Callable[[], None]) -> Awaitable[T]:
+def _nothing() -> None:
+    """No work after the first step (``first_step_then``'s default)."""
+
+
+def first_step_then(awaitable: Awaitable[T], then: Callable[[], None] = _nothing) -> Awaitable[T]:
     """Run ``awaitable`` here to its first suspension, then call ``then``; the rest goes on in the task that awaits
-    what this returns (``go_on``). ``then`` runs before any other task can, so for the rest of the program it is as
-    if it had run first; it is called whether the first step suspended, ended or raised (then before the error
-    goes on). What it serves: work that must precede the next decision but not the bytes an awaitable sends in
-    its first step (the router's bookkeeping of a request it has just written to an engine)."""
+    what this returns (``go_on``), or, where the first step ended, an awaitable of its value. ``then`` runs before
+    any other task can, so for the rest of the program it is as if it had run first; it is called whether the
+    first step suspended, ended or raised (then before the error goes on). What it serves: work that must precede
+    the next decision but not the bytes an awaitable sends in its first step (the router's bookkeeping of a
+    request it has just written to an engine); without ``then``, starting a coroutine eagerly (an aiohttp body
+    write, ``cluster.router.upstream._EagerBodyRequest``)."""
     it = awaitable.__await__()
     try:
         waiting = it.send(None)

@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from yarl import URL
 
-from actors.http import first_step_then, go_on
+from actors.http import first_step_then
 
 
 class UpstreamError(Exception):
@@ -171,10 +171,6 @@ class AiohttpResponse:
         self.close()
 
 
-async def _written() -> None:
-    """What is left of a body written whole: nothing."""
-
-
 class _EagerBodyRequest(aiohttp.ClientRequest):
     """aiohttp's request, its body written as ``send`` hands it over rather than a loop pass later.
 
@@ -186,19 +182,14 @@ class _EagerBodyRequest(aiohttp.ClientRequest):
     contended host: medians 401/344/337 -> 337/326/295 us wall, the same CPU). This does what
     3.12 does: ``write_bytes`` runs here to its first suspension, which for a body of bytes under the transport's
     limit is its end (the task then runs an empty coroutine); a body that must wait for the transport to drain
-    goes on in the task from where it stopped (``actors.http.go_on``), so errors, cancellation and the order of
-    writes are aiohttp's own."""
+    goes on in the task from where it stopped (``actors.http.first_step_then``), so errors, cancellation and the
+    order of writes are aiohttp's own."""
 
     if sys.version_info < (3, 12):
         def write_bytes(self, writer: AbstractStreamWriter, conn: Any,
                         *args: Any) -> Coroutine[Any, Any, None]:
             # (``*args``: aiohttp 3.9-3.10 pass (writer, conn), later releases also the content length)
-            coro = super().write_bytes(writer, conn, *args)
-            try:
-                waiting = coro.send(None)
-            except StopIteration:
-                return _written()
-            return go_on(coro, waiting)
+            return first_step_then(super().write_bytes(writer, conn, *args))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
