@@ -19,8 +19,12 @@ Figures (``--parts``, default all):
   (``bench/engine.py``'s closed-loop ladder from min(GPUs / 2, 8) streams: concurrency rises until the lag
   bound breaks, then the gap below is bisected to an eighth, the same for every layout) at 4, 16 and 64
   emulated GPUs, with the CPU microseconds per output token end to end (workers + router + the load
-  generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit).
-  Goal: 3x the old layout's tokens/s at 4 GPUs.
+  generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit). At 4 GPUs
+  also ``filed``: the code as it stood when issue 20 was filed (``bench/filed.py``; its venv ``.venv-filed`` is
+  built on first use, which needs git history and the package index; ``--quick`` uses it only if built), under
+  the same ladder, load generator and CPU accounting. Goal: 3x the filed code's tokens/s at 4 GPUs ("3x today's"
+  in the issue); the ratio to the ``old`` layout (today's code in the old shape) is reported beside it, and the
+  ratio under the filed code's own bound (worst engine's p99) too.
 - ``mooncake``: the first 60 s of the Mooncake conversation trace (``../shared/traces/``) on 8 GPUs at time
   scale 1, open loop: step-lag p99, TTFT/TPOT, completed; new layout and old. Goal: lag p99 <= 5 ms. The load
   generator (this process's loop thread) runs at the layout's ``engine_nice`` (``ReplayConfig.generator_nice``),
@@ -48,7 +52,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
 from bench._common import emit, parser
-from bench.engine import LAG_BOUND_MS, capacity, cpu_seconds, main_thread_run_and_wait_s, process_pids, run_and_wait_s
+from bench.engine import (
+    LAG_BOUND_MS,
+    Fleet,
+    RayFleet,
+    capacity,
+    cpu_seconds,
+    main_thread_run_and_wait_s,
+    process_pids,
+    run_and_wait_s,
+)
+from bench.filed import FILED_COMMIT, FiledFleet, ensure_filed
 from cluster.launch import launch, start_local_ray
 from config import ClusterSpec
 
@@ -62,7 +76,11 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "new": {},
     "old": {"gpus_per_actor": 1, "engine_server": "per_engine", "feed": OLD_FEED, "engine_clock": "spin",
             "engine_nice": 0},
+    "filed": {},
 }
+"""``filed`` is not a layout of this code but the code of ``bench.filed.FILED_COMMIT`` (capacity only, at
+``FILED_GPUS``): the goal's baseline."""
+FILED_GPUS = 4
 VARIANTS: dict[str, dict[str, Any]] = {
     "new_spin": {"engine_clock": "spin"}, "new_timer": {"engine_clock": "timer"},
     "new_timerfd": {"engine_clock": "timerfd"}, "new_rt_timerfd": {"engine_clock": "timerfd", "engine_realtime": True},
@@ -82,7 +100,7 @@ def measured_layouts(part: str = "") -> list[tuple[str, dict[str, Any]]]:
     """The layouts ``--layouts`` names (for ``idle``, ``--idle-layouts`` when given), in the order of
     ``LAYOUTS`` then ``VARIANTS``."""
     names = SETTINGS.get(f"{part}_layouts") or SETTINGS["layouts"]
-    return [(k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in names]
+    return [(k, v) for k, v in {**LAYOUTS, **VARIANTS}.items() if k in names and (k != "filed" or part == "capacity")]
 
 
 def spec(gpus: int, layout: dict[str, Any], scale: float = 1.0, nodes: int = 1) -> ClusterSpec:
@@ -145,6 +163,38 @@ SETTINGS: dict[str, Any] = {"level_s": 10.0, "gpus": (4, 16, 64), "idle_gpus": (
 """``level_s``: seconds of closed-loop load per capacity ladder level (``--level-s``)."""
 
 
+def sustained_under_worst_engine(cap: dict[str, Any]) -> float:
+    """The ladder's sustained rate had it been bounded by the worst engine's p99 (as the filed code's is): the
+    best rate among the levels, in the order measured, before the first whose worst engine passed the bound."""
+    best = 0.0
+    for row in sorted(cap["levels"], key=lambda r: r["concurrency"]):
+        if row["lag_p99_worst_engine_ms"] > LAG_BOUND_MS:
+            break
+        best = max(best, row["rate_tok_s"])
+    return best
+
+
+def capacity_of(fleet: Fleet, gpus: int, quick: bool) -> dict[str, Any]:
+    return capacity(fleet, gpus, 1.0, quick, levels_quick=3, level_s=None if quick else SETTINGS["level_s"],
+                    start=min(gpus // 2, LADDER_START_MAX))
+
+
+def filed_capacity(gpus: int, quick: bool) -> dict[str, Any]:
+    """The ladder on the code as it stood when issue 20 was filed (``bench.filed``)."""
+    why = ensure_filed(install=not quick)
+    if why is not None:
+        return {"skipped": why}
+    with FiledFleet(gpus) as fleet:
+        cap = capacity_of(fleet, gpus, quick)
+        cap["actors"], cap["startup_s"] = fleet.info["actors"], fleet.info["startup_s"]
+    cap["commit"], cap["lag_bound_on"] = FILED_COMMIT, "worst engine p99 (the filed workers report no samples)"
+    return cap
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
 def capacity_part(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"lag_bound_ms": LAG_BOUND_MS, "level_s": None if quick else SETTINGS["level_s"]}
     for gpus in (4,) if quick else SETTINGS["gpus"]:
@@ -152,23 +202,35 @@ def capacity_part(quick: bool) -> dict[str, Any]:
             if label == "old" and gpus > OLD_LAYOUT_MAX_GPUS:
                 out[f"capacity_{gpus}gpu_old"] = {"skipped": f"{gpus} actors do not fit this host"}
                 continue
+            if label == "filed":
+                if gpus != FILED_GPUS:
+                    continue
+                out[f"capacity_{gpus}gpu_filed"] = cap = filed_capacity(gpus, quick)
+                if "skipped" not in cap:
+                    print(f"capacity {gpus} GPUs, filed code: {cap['sustained_rate_tok_s']} tok/s", flush=True)
+                continue
             h = launch(spec(gpus, layout))
             try:
-                cap = capacity(h, gpus, 1.0, quick, levels_quick=3, level_s=None if quick else SETTINGS["level_s"],
-                               start=min(gpus // 2, LADDER_START_MAX))
+                cap = capacity_of(RayFleet(h), gpus, quick)
                 cap["actors"] = len(h.workers)
                 cap["startup_s"] = round(h.startup_s, 2)
             finally:
                 h.shutdown()
+            cap["sustained_rate_worst_engine_bound_tok_s"] = sustained_under_worst_engine(cap)
             out[f"capacity_{gpus}gpu_{label}"] = cap
             print(f"capacity {gpus} GPUs, {label} layout: {cap['sustained_rate_tok_s']} tok/s at lag p99 <= "
                   f"{LAG_BOUND_MS} ms, {cap['cpu_us_per_token_at_sustained']} CPU us/token", flush=True)
-        old = out.get(f"capacity_{gpus}gpu_old", {}).get("sustained_rate_tok_s")
-        new = out.get(f"capacity_{gpus}gpu_new", {}).get("sustained_rate_tok_s")
-        out[f"capacity_{gpus}gpu_ratio_new_over_old"] = round(new / old, 4) if old and new is not None else None
-    ratio = out.get("capacity_4gpu_ratio_new_over_old")
+        new = out.get(f"capacity_{gpus}gpu_new", {})
+        for base in ("old", "filed"):
+            other = out.get(f"capacity_{gpus}gpu_{base}", {}).get("sustained_rate_tok_s")
+            out[f"capacity_{gpus}gpu_ratio_new_over_{base}"] = ratio(new.get("sustained_rate_tok_s"), other)
+    new4 = out.get("capacity_4gpu_new", {})
+    filed4 = out.get("capacity_4gpu_filed", {}).get("sustained_rate_tok_s")
+    out["capacity_4gpu_ratio_new_over_filed_same_bound"] = ratio(
+        new4.get("sustained_rate_worst_engine_bound_tok_s"), filed4)
+    goal = out["capacity_4gpu_ratio_new_over_filed"]
     out["capacity_4gpu_goal_ratio"] = GOAL_CAPACITY_RATIO_4GPU
-    out["capacity_4gpu_goal_met"] = ratio is not None and ratio >= GOAL_CAPACITY_RATIO_4GPU
+    out["capacity_4gpu_goal_met"] = goal is not None and goal >= GOAL_CAPACITY_RATIO_4GPU
     return out
 
 
@@ -313,7 +375,7 @@ def clock_part(quick: bool) -> dict[str, Any]:
     for waker in ("spin", "thread", "timer"):
         h = launch(spec(4, {"engine_clock": waker}))
         try:
-            cap = capacity(h, 4, 1.0, quick, levels_quick=3)
+            cap = capacity(RayFleet(h), 4, 1.0, quick, levels_quick=3)
         finally:
             h.shutdown()
         out[f"clock_{waker}_4gpu"] = cap

@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -245,7 +246,47 @@ def refine(sustained: int, broke: int) -> int | None:
     return sustained + gap // 2
 
 
-def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quick: int = 4,
+class Fleet(Protocol):
+    """What the capacity ladder drives: a router to stream through, the processes whose CPU it counts and the
+    engines' step lag. ``RayFleet`` is a cluster this code launched; ``bench.filed.FiledFleet`` runs the code as it
+    stood when issue 20 was filed."""
+
+    @property
+    def router_url(self) -> str: ...
+
+    def process_groups(self) -> dict[str, list[int]]:
+        """PIDs by role: ``engines`` (the worker actors) and ``router``."""
+        ...
+
+    def reset_lag(self) -> None: ...
+
+    def lag(self) -> dict[str, float]:
+        """Step lag since ``reset_lag``: ``p50``, ``p99`` (the bound's figure), ``max``, ``worst_engine_p99``."""
+        ...
+
+
+@dataclass
+class RayFleet:
+    """A cluster launched by this code (``launch``)."""
+
+    h: ClusterHandle
+
+    @property
+    def router_url(self) -> str:
+        return self.h.router_url
+
+    def process_groups(self) -> dict[str, list[int]]:
+        pids = process_pids(self.h)
+        return {"engines": list(self.h.worker_pids), "router": pids[len(self.h.worker_pids):]}
+
+    def reset_lag(self) -> None:
+        ray.get([w.reset_lag.remote() for w in self.h.workers])
+
+    def lag(self) -> dict[str, float]:
+        return lag_of(self.h)
+
+
+def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: int = 4,
              level_s: float | None = None, start: int | None = None) -> dict[str, Any]:
     """Closed-loop ladder; per level the rate, the lag and the CPU microseconds per output token end to end
     (worker actors + routers + this process, which runs the load generator). The ladder starts at ``start``
@@ -260,21 +301,21 @@ def capacity(h: ClusterHandle, gpus: int, scale: float, quick: bool, levels_quic
     first = gpus // 2 if start is None else start
     ladder = [c for c in LADDER if c >= first]
     duration = level_s or (4.0 if quick else 10.0)
-    pids = process_pids(h)
-    groups = {"engines": list(h.worker_pids), "router": pids[len(h.worker_pids):]}
+    groups = fleet.process_groups()
+    pids = [p for group in groups.values() for p in group]
 
     def measure(conc: int) -> dict[str, Any]:
-        ray.get([w.reset_lag.remote() for w in h.workers])
+        fleet.reset_lag()
         sched0 = {k: run_and_wait_s(v) for k, v in groups.items()}
         gen0 = main_thread_run_and_wait_s()
         cpu0 = sum(cpu_seconds(p) for p in pids) + time.process_time()
-        r = asyncio.run(closed_loop(h.router_url, conc, duration, conc))
+        r = asyncio.run(closed_loop(fleet.router_url, conc, duration, conc))
         cpu = sum(cpu_seconds(p) for p in pids) + time.process_time() - cpu0
         gen1 = main_thread_run_and_wait_s()
         sched = {k: [round(x1 - x0, 2) for x0, x1 in zip(sched0[k], run_and_wait_s(v), strict=True)]
                  for k, v in groups.items()}
         sched["load_generator"] = [round(x1 - x0, 2) for x0, x1 in zip(gen0, gen1, strict=True)]
-        lag = lag_of(h)
+        lag = fleet.lag()
         row = {"concurrency": conc, "rate_tok_s": round(r["rate_tok_s"], 1),
                "rate_over_wall_tok_s": round(r["rate_over_wall_tok_s"], 1),
                "ideal_rate_tok_s": round(ideal_rate(gpus, conc, scale), 1), "lag_p99_ms": round(lag["p99"], 3),
@@ -324,7 +365,7 @@ def main() -> None:
                 if scale == 1.0:
                     result[f"fidelity_{gpus}gpu"] = fidelity(h, scale)
                     print(f"fidelity {gpus} GPUs: {result[f'fidelity_{gpus}gpu']}", flush=True)
-                result[f"capacity_{key}"] = capacity(h, gpus, scale, args.quick)
+                result[f"capacity_{key}"] = capacity(RayFleet(h), gpus, scale, args.quick)
             finally:
                 h.shutdown()
     finally:

@@ -59,3 +59,21 @@ def test_the_load_generator_counts_each_text_event_once_however_the_reads_cut_th
             k, buf = text_events(buf, stream[a:b])
             counted += k
     assert counted == kinds.count(len(OTHER)) and buf == b""
+
+
+def level(conc: int, rate: float, worst_ms: float) -> dict[str, float]:
+    return {"concurrency": conc, "rate_tok_s": rate, "lag_p99_ms": 1.0, "lag_p99_worst_engine_ms": worst_ms}
+
+
+def test_the_rate_under_the_worst_engine_bound_stops_at_the_first_level_that_passed_it() -> None:
+    """The filed code's bound (its worst engine's p99) read back from a ladder bounded on the pooled p99: levels
+    sorted by streams (refined levels come last in the order measured), the first over 5 ms ends it even where a
+    higher level happened to stay under."""
+    from bench.density import sustained_under_worst_engine
+
+    cap = {"levels": [level(32, 3000.0, 2.0), level(64, 6000.0, 4.0), level(128, 11000.0, 9.0),
+                      level(96, 9000.0, 5.5), level(80, 7600.0, 4.9)]}
+    assert sustained_under_worst_engine(cap) == 7600.0
+    cap["levels"][4]["lag_p99_worst_engine_ms"] = 5.1
+    assert sustained_under_worst_engine(cap) == 6000.0
+    assert sustained_under_worst_engine({"levels": [level(2, 200.0, 6.0)]}) == 0.0
