@@ -29,11 +29,14 @@ def chunk(rid: str, t: int, finish: bool) -> bytes:
 
 
 class Engine:
-    """An OpenAI-ish engine: ``tokens`` tokens ``gap_s`` apart; ``stall`` makes it go silent instead."""
+    """An OpenAI-ish engine: ``tokens`` tokens ``gap_s`` apart; ``stall`` makes it go silent instead, ``stall_after``
+    after that many tokens of its first streamed answer."""
 
-    def __init__(self, name: str, *, stall: bool = False, gap_s: float = 0.0, tokens: int = 3) -> None:
+    def __init__(self, name: str, *, stall: bool = False, gap_s: float = 0.0, tokens: int = 3,
+                 stall_after: int | None = None) -> None:
         self.name = name
         self.stall = stall
+        self.stall_after = stall_after
         self.gap_s = gap_s
         self.tokens = tokens
         self.received = 0
@@ -55,6 +58,8 @@ class Engine:
             await resp.prepare(request)
             n = int(body.get("max_tokens", self.tokens))
             for k in range(n):
+                if k == self.stall_after and self.received == 1:
+                    await asyncio.sleep(3600)
                 await asyncio.sleep(self.gap_s)
                 await resp.write(chunk(f"cmpl-{self.name}", 100 + k, k == n - 1))
             await resp.write(b"data: [DONE]\n\n")
@@ -165,6 +170,25 @@ async def test_a_stalled_engine_is_given_up_on_after_the_read_timeout_and_the_re
     assert stalled.received == 1 and healthy.received == 1
     await asyncio.sleep(0.05)
     assert stalled.aborted == 1  # the router closed the stalled engine's connection
+
+
+async def test_an_engine_silent_mid_stream_is_given_up_on_after_the_read_timeout_and_the_stream_goes_on_elsewhere(
+        router_over: Start) -> None:
+    url, (stalled, healthy) = await router_over([Engine("a", stall_after=2), Engine("b")], read_timeout_s=0.3)
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "m", "prompt": [1, 2], "max_tokens": 5, "stream": True}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200 and r.headers["X-Served-By"] == "a"
+            text = (await asyncio.wait_for(r.read(), 30)).decode()
+    events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
+    ids = [t for e in events for t in e["choices"][0]["token_ids"]]
+    assert len(ids) == 5 and ids[:2] == [100, 101] and text.endswith("data: [DONE]\n\n")
+    assert stalled.received == 1 and healthy.received == 1  # b finished what a left silent
+    for _ in range(100):
+        if stalled.aborted:
+            break
+        await asyncio.sleep(0.02)
+    assert stalled.aborted == 1  # the router closed the silent engine's connection
 
 
 async def test_a_client_disconnect_aborts_the_engines_request(router_over: Start) -> None:
