@@ -24,18 +24,16 @@ aiohttp tuning (what its client offers): one shared ``ClientSession`` for the ro
 engines' aiohttp server's 75 s, so the engine never closes a connection the router is about to reuse),
 DNS cached, each engine's pool opened ahead of its first request (``warm``; kept for those 30 s);
 ``ClientTimeout`` with ``sock_connect`` (a pool wait is not an engine failure, so ``connect``, which would
-count it, is unset) and ``sock_read`` (the read timeout: the longest silence between two reads) until an
-answer's headers, ``_SilenceWatch`` for its body; no decompression, no cookie jar (an engine's cookie is no
-business of the next request), no default ``User-Agent``/``Accept``/``Accept-Encoding`` headers; bodies are sent
+count it, is unset) and ``sock_read`` (the read timeout: the longest silence between two
+reads); no decompression, no cookie jar (an engine's cookie is no business of the next request), no default
+``User-Agent``/``Accept``/``Accept-Encoding`` headers; bodies are sent
 as prepared bytes (no JSON re-encoding), read with ``content.readany()`` as they arrive; each engine URL is parsed
-once (``yarl.URL``); the body is written as the request is sent (``_EagerBodyRequest``), not a loop pass later;
-a read resumes the connection's reading only where it was paused (``_ResumeWhenPaused``).
+once (``yarl.URL``); the body is written as the request is sent (``_EagerBodyRequest``), not a loop pass later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import sys
 from collections.abc import Callable, Coroutine, Mapping
@@ -45,7 +43,6 @@ from typing import Any, Protocol, Self
 
 import aiohttp
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from actors.http import first_step_then
@@ -126,79 +123,27 @@ _FAILURES = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
 _MAX_URLS = 4096
 
 
-class _SilenceWatch:
-    """The read timeout of answers' bodies: a read (``chunk``, ``read``) that has waited past ``limit_s`` raises what
-    aiohttp's ``sock_read`` raises, found by one check every ``limit_s / 4`` (at most 1 s) of the reads in progress
-    while any answer is open.
-
-    aiohttp's ``sock_read`` re-arms a loop timer at every chunk that arrives (a uvloop ``cancel`` and ``call_later``,
-    ~1.4 us of the router's CPU per token relayed); it still guards the wait for an answer's headers (the session's
-    timeout), and each answer turns it off for its body (``AiohttpResponse``). A silence is noticed between
-    ``limit_s`` and ``limit_s`` plus one check period after it began, where aiohttp's timer fired at ``limit_s``."""
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit_s = limit_s
-        self.period_s = min(1.0, limit_s / 4)
-        self.open: set[AiohttpResponse] = set()
-        self._handle: asyncio.TimerHandle | None = None
-
-    def watch(self, resp: AiohttpResponse) -> None:
-        self.open.add(resp)
-        if self._handle is None:
-            self._handle = asyncio.get_running_loop().call_later(self.period_s, self._check)
-
-    def _check(self) -> None:
-        self._handle = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for resp in list(self.open):
-            if resp.waiting_since and now - resp.waiting_since > self.limit_s:
-                resp.silent()
-        if self.open:
-            self._handle = loop.call_later(self.period_s, self._check)
-
-
 class AiohttpResponse:
-    """:class:`UpstreamResponse` over an aiohttp ``ClientResponse``; with ``watch``, the read timeout of its body is
-    ``watch``'s rather than a timer re-armed at every chunk (``_SilenceWatch``)."""
+    """:class:`UpstreamResponse` over an aiohttp ``ClientResponse``."""
 
-    __slots__ = ("_resp", "_time", "_watch", "headers", "status", "waiting_since")
+    __slots__ = ("_resp", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, watch: _SilenceWatch | None = None) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
-        self.waiting_since = 0.0
-        """When the read in progress began to wait (the loop's time); 0.0 while none is waiting."""
-        self._watch = watch
-        self._time = asyncio.get_running_loop().time
-        conn = resp.connection
-        if watch is not None and conn is not None and conn.protocol is not None:
-            conn.protocol.read_timeout = None  # (the next request on this connection sets it again)
-            conn.protocol._drop_timeout()
-            watch.watch(self)
-
-    def silent(self) -> None:
-        """The engine was silent past the read timeout: the waiting read raises as aiohttp's ``sock_read`` makes it."""
-        self._resp.content.set_exception(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
 
     async def chunk(self) -> bytes:
-        self.waiting_since = self._time()
         try:
             return await self._resp.content.readany()
         except _FAILURES as e:
             raise _mapped(e) from None
-        finally:
-            self.waiting_since = 0.0
 
     async def read(self) -> bytes:
-        self.waiting_since = self._time()
         try:
             return await self._resp.read()
         except _FAILURES as e:
             raise _mapped(e) from None
-        finally:
-            self.waiting_since = 0.0
 
     async def drain(self, wait_s: float = 0.05) -> bool:
         content = self._resp.content
@@ -213,8 +158,6 @@ class AiohttpResponse:
         return content.is_eof()
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.open.discard(self)
         if self._resp.content.is_eof():
             self._resp.release()  # read to its end: the connection goes back to the pool
         else:
@@ -249,30 +192,6 @@ class _EagerBodyRequest(aiohttp.ClientRequest):
             return first_step_then(super().write_bytes(writer, conn, *args))  # type: ignore[return-value]
 
 
-class _ResumeWhenPaused(ResponseHandler):
-    """aiohttp's client protocol, its reading resumed only where it was paused.
-
-    From aiohttp 3.14 every read of a body (``StreamReader._read_nowait_chunk``: each ``readany``, one per token a
-    stream relays) calls ``resume_reading`` while the buffer is below its low-water mark, paused or not; unpaused,
-    that runs the parser on no bytes (``data_received(b"")``) and resumes a transport that reads already, to no
-    effect (~0.45 us a token). Paused (the parser keeps what came past the high-water mark, the transport stopped;
-    each way either happens sets ``_reading_paused``), the resume is aiohttp's own. Before 3.14 aiohttp made this
-    check itself."""
-
-    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
-        if self._reading_paused:
-            super().resume_reading(*args, **kwargs)
-
-
-class _Connector(aiohttp.TCPConnector):
-    """``TCPConnector`` whose connections speak ``_ResumeWhenPaused``."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        handler: type[ResponseHandler] = _ResumeWhenPaused
-        self._factory = functools.partial(handler, loop=asyncio.get_running_loop())
-
-
 @dataclass(frozen=True)
 class UpstreamLimits:
     connect_timeout_s: float = 5.0
@@ -290,11 +209,10 @@ class AiohttpUpstream:
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}
         """Each engine endpoint's URL, parsed once (a handful: engines x paths; cleared past ``_MAX_URLS``)."""
-        self._watch = _SilenceWatch(self.limits.read_timeout_s) if self.limits.read_timeout_s else None
 
     def _open(self) -> aiohttp.ClientSession:
         lim = self.limits
-        connector = _Connector(limit=lim.connections, limit_per_host=max(1, lim.connections // 4),
+        connector = aiohttp.TCPConnector(limit=lim.connections, limit_per_host=max(1, lim.connections // 4),
                                          keepalive_timeout=lim.keepalive_s, use_dns_cache=True, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=lim.connect_timeout_s,
                                         sock_read=lim.read_timeout_s)
@@ -325,7 +243,7 @@ class AiohttpUpstream:
             resp = await (pending if sent is None else first_step_then(pending, sent))
         except _FAILURES as e:
             raise _mapped(e) from None
-        return AiohttpResponse(resp, self._watch)
+        return AiohttpResponse(resp)
 
     async def warm(self, base_url: str, connections: int) -> int:
         """``GET /health`` on ``connections`` connections at once, each read to its end so it stays in the
