@@ -228,7 +228,7 @@ def capacity_part(quick: bool) -> dict[str, Any]:
     filed4 = out.get("capacity_4gpu_filed", {}).get("sustained_rate_tok_s")
     out["capacity_4gpu_ratio_new_over_filed_same_bound"] = ratio(
         new4.get("sustained_rate_worst_engine_bound_tok_s"), filed4)
-    goal = out["capacity_4gpu_ratio_new_over_filed"]
+    goal = out.get("capacity_4gpu_ratio_new_over_filed")  # (absent where --gpus leaves 4 out)
     out["capacity_4gpu_goal_ratio"] = GOAL_CAPACITY_RATIO_4GPU
     out["capacity_4gpu_goal_met"] = goal is not None and goal >= GOAL_CAPACITY_RATIO_4GPU
     return out
