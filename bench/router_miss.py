@@ -18,7 +18,10 @@ a warm-up miss): kvmesh's router finds the prefix in its prompt memo and in its 
 send no KV events), sgl-router in its radix tree. ``--cold``: misses whose every word is new to the router's
 tokenizer (``cold_prompt``), as a run's first request of each prefix brings: ``prompt_text``'s words come from
 17,576 three-letter words, nearly all met after the first ~20 requests, so its misses past those learn almost none.
-Each path sends the same prompts once; 104 requests per path (54 with ``--quick``).
+Each path sends the same prompts once; 104 requests per path (54 with ``--quick``). ``--engine-tokenizes``: the
+engines tokenize each prompt on receipt with a fresh tokenizer, as a real one meets a new prefix's words, so their
+CPU and the router's share the host's cores; ``ttft_added_us`` is then the figure (the whole TTFT over the direct
+path's, the engine's span included, which ``added_us`` subtracts).
 """
 
 from __future__ import annotations
@@ -81,13 +84,16 @@ def hit_prompt(i: int) -> str:
     return prompt_text(-1 - i % HIT_PREFIXES)[:4 * HIT_PREFIX_WORDS] + prompt_text(i)[:4 * 128]
 
 
-def _engines(q: Any, n: int, engine_ms: float) -> None:
+def _engines(q: Any, n: int, engine_ms: float, tokenize: bool = False) -> None:
     """``n`` aiohttp engines (the same server setup as kvmesh's engines) that answer a stream's headers at once
-    and its first content chunk ``engine_ms`` later, with a KV feed that reports them alive and empty."""
+    and its first content chunk ``engine_ms`` later, with a KV feed that reports them alive and empty.
+    ``tokenize``: each prompt is first tokenized by a fresh tokenizer, as an engine meets a new prefix's words
+    (its CPU then shares the host's cores with the router's)."""
     import msgpack
     import uvloop
     from aiohttp import WSMsgType, web
 
+    from actors.engine.tokenizer import Tokenizer
     from actors.http import serve_app
 
     def chunk(extra: dict[str, Any], finish: str | None, ids: list[int]) -> bytes:
@@ -101,8 +107,10 @@ def _engines(q: Any, n: int, engine_ms: float) -> None:
 
     async def completions(request: web.Request) -> web.StreamResponse:
         e_in = NOW()
-        await request.read()
+        raw = await request.read()
         e_read = NOW()
+        if tokenize:
+            Tokenizer(128256).encode(json.loads(raw)["prompt"])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         await asyncio.sleep(engine_ms / 1000.0)
@@ -326,7 +334,8 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
         (r["c_first"] - r["c_send"]) - (r["e_first"] - r["e_read"]) for r in rows) / 1000.0, 1),
         "client_to_engine_handler": _median_us(rows, "c_send", "e_in"),
         "engine_read_body": _median_us(rows, "e_in", "e_read"),
-        "engine_first_to_client": _median_us(rows, "e_first", "c_first")}
+        "engine_first_to_client": _median_us(rows, "e_first", "c_first"),
+        "ttft": _median_us(rows, "c_send", "c_first")}
     if through_router:
         seq: list[tuple[str, str, str]] = [("client_to_router_handler", "c_send", "dispatch"),
                                            ("router_read_body", "dispatch", "body_read"),
@@ -354,14 +363,14 @@ def _split(rows: list[dict[str, int]], through_router: bool) -> dict[str, float]
 
 
 def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = False,
-              cold_words: bool = False) -> dict[str, Any]:
+              cold_words: bool = False, engine_tokenizes: bool = False) -> dict[str, Any]:
     import aiohttp
 
     from bench.router import SGLangRouter
 
     ctx = mp.get_context("spawn")
     q, cmd = ctx.Queue(), ctx.Queue()
-    engines = ctx.Process(target=_engines, args=(q, ENGINES, engine_ms), daemon=True)
+    engines = ctx.Process(target=_engines, args=(q, ENGINES, engine_ms, engine_tokenizes), daemon=True)
     engines.start()
     ports = q.get(timeout=60)
     router = ctx.Process(target=_router, args=(ports, q, cmd), daemon=True)
@@ -435,6 +444,10 @@ def miss_path(quick: bool, engine_ms: float, sgl_py: str | None, hit: bool = Fal
     base = out["direct"]["ttft_minus_engine"]
     out["added_us"] = {k: round(out[k]["ttft_minus_engine"] - base, 1) for k in paths if k != "direct"}
     print(f"added over direct (median us): {out['added_us']}", flush=True)
+    # The whole TTFT's difference, the engine's own span included: what the router's CPU costs an engine that
+    # shares the host's cores (``--engine-tokenizes``), which ``added_us`` subtracts with the engine's span.
+    out["ttft_added_us"] = {k: round(out[k]["ttft"] - out["direct"]["ttft"], 1) for k in paths if k != "direct"}
+    print(f"TTFT added over direct, engine included (median us): {out['ttft_added_us']}", flush=True)
     # The first request to each engine (fresh connections, cold caches): a run's first misses.
     out["cold"] = {k: _split(rs, k == "kvmesh") for k, rs in cold.items()}
     print(f"cold (first {ENGINES} requests): {out['cold']}", flush=True)
@@ -451,6 +464,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hit", action="store_true", help="prefix-cache hits (a known 2048-word prefix + 128 new words)")
     p.add_argument("--cold", action="store_true",
                    help="misses whose every word is new to the router (cold_prompt; 104 requests per path)")
+    p.add_argument("--engine-tokenizes", action="store_true",
+                   help="engines tokenize each prompt with a fresh tokenizer on receipt (their CPU shares the cores)")
     args = p.parse_args(argv)
     if args.hit and args.cold:
         p.error("--hit and --cold are exclusive")
@@ -458,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
 
     emit({"bench": "router_miss", **miss_path(args.quick, args.engine_ms,
                                                None if args.no_sglang else sglang_python(install=False), args.hit,
-                                               args.cold)})
+                                               args.cold, args.engine_tokenizes)})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -284,17 +285,22 @@ class Chooser:
             self._pending = [c for c in self._pending if c is not ctx]
             ctx.tail()
 
-    async def complete_soon(self, ctx: RequestContext) -> None:
+    async def complete_soon(self, ctx: RequestContext, after: Awaitable[object] | None = None) -> None:
         """``complete``, for a deferred miss a slice at a time with the loop let go between slices: its words
         ``LEARN_SLICE`` at a time (``Tokenizer.encode_pieces``), its blocks ``HASH_SLICE`` at a time. A new
         prefix's words are mostly new to the router's tokenizer: its tail held the loop for ~3-5 ms after the send,
         delaying every other request's relay and ranking meanwhile. What ``complete`` then records is the same
         (``fill_prompt`` takes the ids and hashes as they would have been computed). A ``prepare`` between two
-        slices that needs this context completes it itself (``_flush_sharing``), and the slices stop."""
+        slices that needs this context completes it itself (``_flush_sharing``), and the slices stop. ``after``:
+        awaited before the first slice (``tail_meanwhile``)."""
         tail = ctx.tail
         if not isinstance(tail, _Tail) or tail.fresh is None:
             self.complete(ctx)
             return
+        if after is not None:
+            await after
+            if ctx.tail is not tail:
+                return  # completed meanwhile
         ids: list[int] = []
         for piece in tail.fresh.encode_pieces(ctx.text, LEARN_SLICE):
             ids += piece
@@ -311,18 +317,29 @@ class Chooser:
         tail.known = (ids, hashes)
         self.complete(ctx)
 
-    def tail_meanwhile(self, ctx: RequestContext) -> asyncio.Task[None] | None:
+    def tail_meanwhile(self, ctx: RequestContext,
+                       after: Callable[[], Awaitable[object]] | None = None) -> asyncio.Task[None] | None:
         """Once ``ctx``'s request is sent: a miss's tail (``complete_soon``, in slices) as a task of its own, so the
         caller relays the engine's answer meanwhile; any other tail completed at once (None). Before, the relay
         began only once the tail was done: ~3-7 ms of the router's CPU for a new prefix's 2176 words, stretched
         by a busy host's other work, which the first chunk waited for whenever it came back sooner (a short
         prefill, or a tail slowed down). The records are the same: a ``prepare`` that can use them completes the
-        tail first (``_flush_sharing``), and ``end_tail`` completes what is left before the attempt ends."""
+        tail first (``_flush_sharing``), and ``end_tail`` completes what is left before the attempt ends.
+
+        ``after`` (called only when there is a task to make): what the slices wait for first, the worker's
+        prefill of the prompt (its first token). The engine meets the same new words meanwhile (reading,
+        tokenizing and hashing the prompt, then its prefill's steps); where the two share a host's cores the
+        router's tail (~5-10 ms of CPU for a new 2176-word prefix) delays the engine's work and so the miss's
+        own first token, which nothing gains: the only decisions that use the tail's records are those of
+        requests that share the prompt's first block, and they complete it themselves first. ``bench/router_miss
+        --engine-ms 45 --cold --engine-tokenizes`` (engines that tokenize each new prompt on receipt; 2 cores):
+        the TTFT kvmesh adds over the direct path, 3.5-4.7 ms with the tail begun at the send, 1.1-1.7 ms after
+        the first token (sgl-router's: 0.9-1.4)."""
         tail = ctx.tail
         if not isinstance(tail, _Tail) or tail.fresh is None:
             self.complete(ctx)
             return None
-        return asyncio.get_running_loop().create_task(self.complete_soon(ctx))
+        return asyncio.get_running_loop().create_task(self.complete_soon(ctx, after() if after is not None else None))
 
     def end_tail(self, task: asyncio.Task[None] | None, ctx: RequestContext) -> None:
         """The attempt ends (answered, failed or cancelled): ``tail_meanwhile``'s task stops and what it had left is

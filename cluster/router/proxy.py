@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -61,6 +62,23 @@ def stream_payload(raw: bytes, body: dict[str, Any]) -> bytes:
     if not isinstance(opts, dict) or not opts.keys() - {"include_usage"}:
         return splice_json(raw, _STREAM_EXTRA)
     return splice_json(raw, {"output_token_ids": True, "stream_options": {**opts, "include_usage": True}})
+
+
+def first_token(st: StreamState) -> asyncio.Future[None]:
+    """Done once what the stream's worker owes is settled (``StreamState.settle``: its first token came back, or
+    its attempt ended), or at once where it owes nothing."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settled() -> None:
+        st.on_settle = None
+        if not done.done():
+            done.set_result(None)
+
+    if st.owed_to is None:
+        settled()
+    else:
+        st.on_settle = settled
+    return done
 
 
 class _Failed(Exception):
@@ -170,8 +188,9 @@ class ColocatedFlow:
                     raise
                 async with up:
                     # The request is on its way: a miss's tail (tokenizing what ranking skipped) runs a slice per
-                    # loop pass beside the relay, which need not wait for it (``Chooser.tail_meanwhile``).
-                    tail = self.chooser.tail_meanwhile(p.ctx)
+                    # loop pass beside the relay, which need not wait for it, once the worker's first token came
+                    # back on a stream (``Chooser.tail_meanwhile``, ``first_token``).
+                    tail = self.chooser.tail_meanwhile(p.ctx, (lambda: first_token(st)) if p.req.stream else None)
                     try:
                         if up.status in RETRYABLE_STATUS:
                             try:

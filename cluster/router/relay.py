@@ -23,6 +23,7 @@ then closes the engine's connection, aborting its request).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +69,9 @@ class StreamState:
     skip: int = 0
     """Tokens at the start of a resumed stream that the client already holds: dropped (dedupe by index)."""
     deduped: int = 0
+    on_settle: Callable[[], None] | None = None
+    """Called when what a worker owes is settled: its first token came back, or its attempt ended (what a miss's
+    tail waits for: ``ColocatedFlow``)."""
 
     def owe(self, worker: WorkerInfo, blocks: int) -> None:
         """``worker`` has ``blocks`` of this prompt to prefill until its first token comes back."""
@@ -79,6 +83,8 @@ class StreamState:
         if self.owed_to is not None:
             self.owed_to.prefilling_blocks -= self.prefill_owed
             self.owed_to, self.prefill_owed = None, 0
+            if self.on_settle is not None:
+                self.on_settle()
 
     def identify(self, ident: str | None, created: int | None, model: str | None) -> ResponseShapes:
         """The stream's identity (id, created, model), taken from its first chunk or made up front."""

@@ -2,7 +2,8 @@
 
 An engine is a script: a function from the request it receives to the answer it gives (status, headers,
 body parts). A part may be bytes, an exception to raise while reading (a broken connection, a read
-timeout), or ``STALL`` (the engine goes silent forever). The upstream records every request and every
+timeout), ``STALL`` (the engine goes silent forever) or an ``asyncio.Event`` (silent until the test sets it: a
+prefill). The upstream records every request and every
 answer still open, so a test can assert the router left no connection behind and aborted what it should.
 """
 
@@ -89,6 +90,9 @@ class FakeResponse:
             raise p
         if p is STALL:
             await asyncio.get_running_loop().create_future()  # silent until cancelled
+        if isinstance(p, asyncio.Event):
+            await p.wait()
+            return await self.chunk()
         return bytes(p)
 
     async def read(self) -> bytes:

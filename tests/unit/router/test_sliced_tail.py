@@ -140,3 +140,34 @@ async def test_a_miss_is_relayed_while_its_tail_is_still_pending_and_the_tail_en
     hashes = hash_request_blocks(ids, ws[0].block_size)
     served = next(w.name for w in ws if upstream.to(w.url))
     assert r.chooser.approx.overlap(hashes, [served], 0.0)[served] == len(hashes)  # the whole prompt recorded
+
+
+async def test_a_streamed_miss_tail_waits_for_its_first_token(
+        make_router: Callable[..., Awaitable[RouterServer]], upstream: FakeUpstream) -> None:
+    # While the engine prefills (here: silent until the test sets ``prefill``) the router learns none of the
+    # miss's words past its head: the engine is busy with the same prompt (``Chooser.tail_meanwhile``). Once the
+    # first token is relayed the tail runs, and by the end of the request it is recorded as ``complete`` does.
+    ws = workers(2)
+    prefill = asyncio.Event()
+    for w in ws:
+        upstream.engine(w.url, lambda s: Answer(parts=[prefill, *token_events([5, 6], usage=3)]))
+    r = await make_router(ws, policy="kv_aware")
+    b = miss(8, 4 * LEARN_SLICE)
+    out = FakeClient()
+    call = Call("/v1/completions", CIMultiDict({"Content-Type": "application/json"}), json.dumps(b).encode(), {})
+    task = asyncio.get_running_loop().create_task(r.route(call, out, False))
+    tok = r.chooser._tokenizer(ws[0].vocab_size)
+    words = set(b["prompt"].split(" ")) - {""}
+    try:
+        for _ in range(4 * LEARN_SLICE):  # many passes of the loop: as many slices as the tail holds, and more
+            await asyncio.sleep(0)
+        assert out.started and out.token_ids() == [] and len(r.chooser._pending) == 1  # prefilling; tail pending
+        assert sum(w in tok._after_space for w in words) <= 2 * ws[0].block_size  # the head's words alone
+    finally:
+        prefill.set()
+        assert await task is None
+    assert out.token_ids() == [5, 6] and not r.chooser._pending
+    assert all(w in tok._after_space for w in words)
+    hashes = hash_request_blocks(Tokenizer(32000).encode(b["prompt"]), ws[0].block_size)
+    served = next(w.name for w in ws if upstream.to(w.url))
+    assert r.chooser.approx.overlap(hashes, [served], 0.0)[served] == len(hashes)  # the whole prompt recorded
