@@ -155,10 +155,14 @@ class Tokenizer:
         try:
             return list(chain.from_iterable(map(get, islice(parts, start, stop))))
         except TypeError:  # words not seen yet
-            if parts[start] not in self._after_space:  # a new prefix's words, likely all new: hash them in order
-                words = parts[start:stop]
-                if max(map(len, words)) < MAX_PIECE:
-                    return self._learn_short(words)
+            words = parts[start:stop]
+            known = self._after_space
+            # A new prefix's words, likely all new: hashed in order. Its first word new, or its middle and last ones:
+            # a miss ranked from its head (``Chooser._head_only``) knows its first block's words when it is
+            # tokenized whole, and a hit's new ending (a few new words past a known middle) keeps the set below.
+            if (parts[start] not in known or (words[len(words) // 2] not in known and words[-1] not in known)) \
+                    and max(map(len, words)) < MAX_PIECE:
+                return self._learn_short(words)
             self._learn(set(islice(parts, start, stop)).difference(self._after_space))
             try:
                 return list(chain.from_iterable(map(get, islice(parts, start, stop))))
