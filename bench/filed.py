@@ -40,13 +40,11 @@ def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(cmd, capture_output=True, timeout=900, check=False, **kw)
 
 
-def ensure_filed(install: bool = True) -> str | None:
+def ensure_filed() -> str | None:
     """Build ``.venv-filed`` (the filed tree and its interpreter) when missing. None when ready, else why not."""
     stamp = VENV / ".installed"
     if stamp.exists() and (TREE / "bench" / "engine.py").exists():
         return None
-    if not install:
-        return "the filed code is not installed (.venv-filed); a run without --quick builds it"
     tar = run(["git", "-C", str(ROOT), "archive", "--format=tar", FILED_COMMIT])
     if tar.returncode != 0:
         return (f"commit {FILED_COMMIT[:12]} is not in this checkout's history "
