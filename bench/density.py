@@ -35,8 +35,9 @@ Figures (``--parts``, default all):
   the default, and in the old layout: TTFT/TPOT p50/p99. Goal: 1 process within 5% of 8 processes. The mean
   TTFT is also split into the engines' own (emulated, from their arrival stamps) and the rest (router, HTTP,
   waits for a core), so a gap can be told apart: the emulation or the host's scheduling of more processes.
-``--quick`` (about a minute): idle at 64 GPUs only, capacity at 4 GPUs (3 levels of 4 s), Mooncake 15 s,
-new layout only for Mooncake. The host is shared: other processes' load shows in every figure.
+``--quick`` (about a minute): the idle and capacity parts unless ``--parts`` names others; idle at 64 GPUs
+only, capacity at 4 GPUs (a 1 s warm-up, then 3 levels of 3 s) in the new and old layouts; a named Mooncake part
+runs 15 s, new layout only. The host is shared: other processes' load shows in every figure.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def idle(gpus: int, layout: dict[str, Any], settle_s: float, window_s: float) ->
 
 def idle_part(quick: bool) -> dict[str, Any]:
     """Idle cores of each layout named in ``--layouts`` (its feed and clock), at 64 and 256 GPUs."""
-    settle, window = (2.0, 4.0) if quick else (5.0, 15.0)
+    settle, window = (1.5, 3.0) if quick else (5.0, 15.0)
     out: dict[str, Any] = {"window_s": window, "gpus_per_actor": IDLE_GPUS_PER_ACTOR}
     for gpus in (64,) if quick else SETTINGS["idle_gpus"]:
         for label, layout in measured_layouts("idle"):
@@ -389,11 +390,14 @@ def clock_part(quick: bool) -> dict[str, Any]:
 
 PARTS = {"idle": idle_part, "capacity": capacity_part, "mooncake": mooncake_part, "clock": clock_part,
          "invariance": invariance_part}
+QUICK_PARTS = ("idle", "capacity")  # --quick's default: the rest take ~100 s more (Mooncake 15 s, clock, invariance)
 
 
 def main() -> None:
     p = parser(__doc__ or "")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--parts", default=None,
+                   help=f"comma-separated subset of {', '.join(PARTS)} (default: all; with --quick: "
+                        f"{', '.join(QUICK_PARTS)})")
     p.add_argument("--level-s", type=float, default=SETTINGS["level_s"], help="seconds per capacity ladder level")
     p.add_argument("--gpus", default="4,16,64", help="capacity: emulated GPU counts")
     p.add_argument("--idle-gpus", default="64,256", help="idle: emulated GPU counts")
@@ -409,7 +413,8 @@ def main() -> None:
         names = getattr(args, f"{part}_layouts").split(",")
         SETTINGS[f"{part}_layouts"] = tuple(x for x in names if x in LAYOUTS or x in VARIANTS)
     SETTINGS["layouts"] = tuple(x for x in args.layouts.split(",") if x in LAYOUTS or x in VARIANTS)
-    parts = [x for x in args.parts.split(",") if x]
+    named = args.parts if args.parts is not None else ",".join(QUICK_PARTS if args.quick else PARTS)
+    parts = [x for x in named.split(",") if x]
     unknown = [x for x in parts if x not in PARTS]
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)} (known: {', '.join(PARTS)})")

@@ -287,11 +287,14 @@ class RayFleet:
 
 
 def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: int = 4,
-             level_s: float | None = None, start: int | None = None) -> dict[str, Any]:
+             level_s: float | None = None, start: int | None = None, warmup_s: float | None = None) -> dict[str, Any]:
     """Closed-loop ladder; per level the rate, the lag and the CPU microseconds per output token end to end
     (worker actors + routers + this process, which runs the load generator). The ladder starts at ``start``
     concurrent streams (default: half the GPUs) and rises through ``LADDER`` until the lag bound breaks; then
     (not ``quick``) the levels between the last sustained one and the one that broke are bisected (``refine``).
+    A warm-up at the first level (``warmup_s``: default 1 s with ``quick``, 2 s without) runs before the ladder and
+    is discarded (its lag is reported as ``warmup``): a fresh fleet's first seconds (connections opened, pools
+    filled, first collections) broke the bound at the first level of some runs, where the next levels held.
     ``levels`` are in the order measured. Each level's ``ran_waited_s``: seconds the engine processes, the
     routers and the load generator's loop (this process's main thread) ran, and waited runnable for a core,
     over the level (``run_and_wait_s``): a lag that grows with the engines' wait is the host's cores, not their
@@ -300,7 +303,7 @@ def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: i
     best: dict[str, Any] | None = None
     first = gpus // 2 if start is None else start
     ladder = [c for c in LADDER if c >= first]
-    duration = level_s or (4.0 if quick else 10.0)
+    duration = level_s or (3.0 if quick else 10.0)
     groups = fleet.process_groups()
     pids = [p for group in groups.values() for p in group]
 
@@ -326,6 +329,16 @@ def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: i
         print(f"  {gpus} GPUs scale {scale}: {row}", flush=True)
         return row
 
+    warm = (1.0 if quick else 2.0) if warmup_s is None else warmup_s
+    warmup: dict[str, Any] | None = None
+    if warm > 0 and ladder:
+        fleet.reset_lag()
+        w = asyncio.run(closed_loop(fleet.router_url, ladder[0], warm, ladder[0]))
+        lag = fleet.lag()
+        warmup = {"concurrency": ladder[0], "seconds": warm,
+                  "rate_over_wall_tok_s": round(w["rate_over_wall_tok_s"], 1),
+                  "lag_p99_ms": round(lag["p99"], 3), "lag_max_ms": round(lag["max"], 3)}
+        print(f"  {gpus} GPUs scale {scale}: warm-up (discarded) {warmup}", flush=True)
     broke: int | None = None
     for conc in ladder[:levels_quick] if quick else ladder:
         row = measure(conc)
@@ -342,7 +355,7 @@ def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: i
             broke = conc_next
         else:
             best = row
-    return {"levels": levels, "sustained_rate_tok_s": best["rate_tok_s"] if best else 0.0,
+    return {"warmup": warmup, "levels": levels, "sustained_rate_tok_s": best["rate_tok_s"] if best else 0.0,
             "sustained_concurrency": best["concurrency"] if best else 0,
             "cpu_us_per_token_at_sustained": best["cpu_us_per_token"] if best else None,
             "ladder_ended_by_lag": broke is not None,
