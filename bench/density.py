@@ -20,7 +20,7 @@ Figures (``--parts``, default all):
   bound breaks, then the gap below is bisected to an eighth, the same for every layout) at 4, 16 and 64
   emulated GPUs, with the CPU microseconds per output token end to end (workers + router + the load
   generator in this process) at that level. The old layout at 4 and 16 GPUs (64 actors do not fit). At 4 GPUs
-  also ``filed``: the code as it stood when issue 20 was filed (``bench/filed.py``; its venv ``.venv-filed`` is
+  also ``filed``: the code as it stood when issue 20 was filed (``bench/_filed.py``; its venv ``.venv-filed`` is
   built on first use, which needs git history and the package index; ``--quick`` leaves it out), under
   the same ladder, load generator and CPU accounting. Goal: 3x the filed code's tokens/s at 4 GPUs ("3x today's"
   in the issue); the ratio to the ``old`` layout (today's code in the old shape) is reported beside it, and the
@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
 from bench._common import emit, parser
+from bench._filed import FILED_COMMIT, FiledFleet, ensure_filed
 from bench.engine import (
     LAG_BOUND_MS,
     Fleet,
@@ -63,7 +64,6 @@ from bench.engine import (
     process_pids,
     run_and_wait_s,
 )
-from bench.filed import FILED_COMMIT, FiledFleet, ensure_filed
 from cluster.launch import launch, start_local_ray
 from config import ClusterSpec
 
@@ -79,7 +79,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
             "engine_nice": 0},
     "filed": {},
 }
-"""``filed`` is not a layout of this code but the code of ``bench.filed.FILED_COMMIT`` (capacity only, at
+"""``filed`` is not a layout of this code but the code of ``bench._filed.FILED_COMMIT`` (capacity only, at
 ``FILED_GPUS``): the goal's baseline."""
 FILED_GPUS = 4
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -181,7 +181,7 @@ def capacity_of(fleet: Fleet, gpus: int, quick: bool) -> dict[str, Any]:
 
 
 def filed_capacity(gpus: int, quick: bool) -> dict[str, Any]:
-    """The ladder on the code as it stood when issue 20 was filed (``bench.filed``)."""
+    """The ladder on the code as it stood when issue 20 was filed (``bench._filed``)."""
     if quick:
         return {"skipped": "--quick leaves the filed code out (its own cluster's start-up and ladder take ~25 s of "
                            "the minute); run without --quick for the goal's baseline"}

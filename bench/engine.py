@@ -248,7 +248,7 @@ def refine(sustained: int, broke: int) -> int | None:
 
 class Fleet(Protocol):
     """What the capacity ladder drives: a router to stream through, the processes whose CPU it counts and the
-    engines' step lag. ``RayFleet`` is a cluster this code launched; ``bench.filed.FiledFleet`` runs the code as it
+    engines' step lag. ``RayFleet`` is a cluster this code launched; ``bench._filed.FiledFleet`` runs the code as it
     stood when issue 20 was filed."""
 
     @property

@@ -19,7 +19,7 @@ Figures (each beside its same-run baseline):
 ``--parts`` and ``--policies`` pick what a full run measures; ``--parts profile`` adds where the router's
 CPU goes by layer (``bench/router_profile.py``), ``--parts miss`` a cache miss's path span by span beside
 sgl-router's (``bench/router_miss.py``); ``--parts prefix-virtual`` replays the prefix sweep on virtual
-time (``bench/router_virtual.py``: kvmesh's policies, several seeds, seconds per point, no Ray).
+time (``bench/_router_virtual.py``: kvmesh's policies, several seeds, seconds per point, no Ray).
 sgl-router runs from its own virtualenv (``.venv-sglang``, created with pip when missing; ``--no-sglang``
 skips it, and the figures say so).
 """
@@ -510,7 +510,7 @@ def main() -> None:
     p.add_argument("--records", type=Path, default=None,
                    help="prefix part: keep each run's folder (per-request records) under this directory")
     p.add_argument("--virtual-seeds", default="0,1",
-                   help="prefix-virtual part (bench/router_virtual.py): seeds added to every point's seed")
+                   help="prefix-virtual part (bench/_router_virtual.py): seeds added to every point's seed")
     p.add_argument("--policies", default=",".join((*POLICIES, "sglang-router")),
                    help="the quality part's policies (comma-separated; sglang-router is sgl-router's cache_aware)")
     args = p.parse_args()
@@ -533,7 +533,7 @@ def main() -> None:
                                             args.prefix_rate, tuple(args.prefix_policies.split(",")),
                                             args.prefix_seed, args.records)
         if "prefix-virtual" in parts:
-            from bench.router_virtual import prefix_virtual
+            from bench._router_virtual import prefix_virtual
 
             ratios = [2.0] if args.quick else [float(r) for r in args.ratios.split(",")]
             result["prefix_virtual"] = prefix_virtual(ratios, [int(s) for s in args.virtual_seeds.split(",")],

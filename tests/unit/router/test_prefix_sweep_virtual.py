@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.router_virtual import replay_point
+from bench._router_virtual import replay_point
 
 POINT = {"ratio": 1.0, "n": 300, "rate": 10.0, "seed": 100}
 """A working set of one engine's cache: 8 prefixes that each fit on every one of the 4 engines."""

@@ -1,6 +1,6 @@
-"""Serve a cluster of the code as it stood when issue 20 was filed, for ``bench.filed.FiledFleet``.
+"""Serve a cluster of the code as it stood when issue 20 was filed, for ``bench._filed.FiledFleet``.
 
-Run by ``bench/filed.py`` with the filed tree's own interpreter (``.venv-filed/bin/python``), never with this
+Run by ``bench/_filed.py`` with the filed tree's own interpreter (``.venv-filed/bin/python``), never with this
 checkout's: everything it imports beyond the standard library is the filed tree's (``cluster``, ``bench.engine``
 resolve there), so the cluster is exactly what that commit's ``bench/engine.py`` measured.
 

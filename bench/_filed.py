@@ -8,7 +8,7 @@ loop: the issue's third point), and cannot say how far the whole issue moved the
 the filed code itself: ``FILED_COMMIT`` is extracted from this repository's history (``git archive``) into
 ``.venv-filed/src``, installed into ``.venv-filed`` with its own dependency pins, and its cluster is launched
 by its own ``launch`` with its own ``bench/engine.py`` spec (4 H100s, Llama-3.1-8B, least-loaded router) in a
-child process (``bench/filed_cluster.py``). The ladder, the load generator and the CPU accounting are today's
+child process (``bench/_filed_cluster.py``). The ladder, the load generator and the CPU accounting are today's
 ``bench.engine.capacity``, the same for every layout.
 
 One difference is kept and stated: the filed workers report each engine's step-lag percentiles but no samples,
@@ -64,12 +64,12 @@ def ensure_filed() -> str | None:
 
 
 class FiledFleet:
-    """A cluster of the filed code, driven through ``bench/filed_cluster.py``'s line protocol (a ``bench.engine``
+    """A cluster of the filed code, driven through ``bench/_filed_cluster.py``'s line protocol (a ``bench.engine``
     ``Fleet``). Use as a context manager: the child is told to quit, then killed if it does not."""
 
     def __init__(self, gpus: int) -> None:
         self.proc = subprocess.Popen(
-            [str(PY), str(ROOT / "bench" / "filed_cluster.py"), "--tree", str(TREE), "--gpus", str(gpus)],
+            [str(PY), str(ROOT / "bench" / "_filed_cluster.py"), "--tree", str(TREE), "--gpus", str(gpus)],
             cwd=TREE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.info = self._read()
         if "router_url" not in self.info:
