@@ -13,11 +13,16 @@ Reported per configuration: the prefix hit ratio the engines counted (GPU prefix
 CPU tier and store, over prompt tokens queried, from the engines' vLLM counters before and after), TTFT p50/p99
 in emulated ms, step lag p50/p99 (wall ms) and whether the run was flagged untrustworthy (with the load test's
 notes); beside them the trace's ideal block hit ratio (an infinite cache, from its hash ids) as the baseline.
-``--quick``: a 20 s slice. The last stdout line is one JSON object.
+``--quick`` (about a minute): a 4 s slice with every answer cut to ``QUICK_MAX_OUTPUT`` tokens (12 s of wall
+time per configuration at scale 3, plus its launch and the drain of its longest prefills: ~35 s a configuration
+here; the offload figures are prompt-side: hit ratios and TTFT). A 20 s slice with the trace's own answers took
+160 s, 6 s of it 104 s (answers of hundreds of tokens drained at scale 3). The last stdout line is one JSON
+object.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -31,9 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PRESETS = {"NATIVE_ONLY": "scenario-offload-native-only.yaml", "CPU_OFFLOAD": "scenario-offload-cpu.yaml",
            "LMCACHE": "scenario-offload-lmcache.yaml"}
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+QUICK_MAX_OUTPUT = 32
 
 
-def run_one(config: str, seconds: float, time_scale: float, start_s: float) -> dict[str, Any]:
+def run_one(config: str, seconds: float, time_scale: float, start_s: float,
+            max_output: int | None = None) -> dict[str, Any]:
     from cluster.launch import launch
     from cluster.loadtest import ClientConfig, LoadTestConfig, ReplayConfig, read_trace, run_sync
     from cluster.loadtest.formats import ReadOptions
@@ -45,6 +52,9 @@ def run_one(config: str, seconds: float, time_scale: float, start_s: float) -> d
     raw = read_yaml(ROOT / "config" / "presets" / PRESETS[config])
     spec = ClusterSpec.model_validate({**raw, "time_scale": time_scale})
     trace = read_trace(TRACE, "mooncake", ReadOptions(block_size=512))
+    if max_output is not None:
+        trace = dataclasses.replace(trace, requests=tuple(
+            dataclasses.replace(r, output_len=min(r.output_len, max_output)) for r in trace.requests))
     cfg = LoadTestConfig(name=f"offload-live-{config.lower()}",
                          slice=WorkloadSlice(start_s=start_s, duration_s=seconds),
                          replay=ReplayConfig(), client=ClientConfig(time_scale=time_scale, request_timeout_s=600.0),
@@ -84,10 +94,10 @@ def main() -> int:
     unknown = [c for c in configs if c not in PRESETS]
     if unknown:
         p.error(f"unknown configuration(s) {unknown} (known: {', '.join(PRESETS)})")
-    seconds = 20.0 if args.quick else args.seconds
-    rows = [run_one(c, seconds, args.time_scale, args.start) for c in configs]  # each launch owns its Ray
+    seconds, max_output = (4.0, QUICK_MAX_OUTPUT) if args.quick else (args.seconds, None)
+    rows = [run_one(c, seconds, args.time_scale, args.start, max_output) for c in configs]  # each launch owns its Ray
     emit({"trace": "mooncake conversation", "start_s": args.start, "seconds": seconds,
-          "time_scale": args.time_scale, "rows": rows})
+          "time_scale": args.time_scale, "max_output_tokens": max_output, "rows": rows})
     return 0
 
 
