@@ -291,18 +291,22 @@ def ucx_perftest(tls: str, size: int, iters: int) -> dict[str, Any]:
         server.wait()
 
 
-async def child_ucx_bare_sink() -> None:
+async def child_ucx_bare_sink(buffers: int = UCX_WINDOW) -> None:
     """The tuned bare loop's receiver: libucxx on an event loop, ``UCX_WINDOW`` receives posted, no framing.
 
     Serves one sender at a time: a hello (the sender's worker address), then rounds of a count and that
-    many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn.
+    many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn. The receives land in
+    ``buffers`` distinct 1 MiB buffers in turn (``UCX_WINDOW``: every posted receive has its own, as a receiver
+    keeping what it gets must); with 1 every message lands in the same buffer, cache-hot, as ``ucx_perftest``
+    receives (one buffer per side, reused for every message; its CMA copy then runs at cache speed).
     """
     from transport.ucx_worker import UcxWorker, close_endpoint
 
     w = UcxWorker()
     loop = asyncio.get_running_loop()
     print(w.address.hex(), flush=True)
-    bufs = [np.empty(MiB, dtype=np.uint8) for _ in range(UCX_WINDOW)]
+    own = [np.empty(MiB, dtype=np.uint8) for _ in range(buffers)]
+    bufs = [own[i % buffers] for i in range(UCX_WINDOW)]
     head = np.empty(1, dtype=np.uint64)
 
     async def recv_one(ep: Any, buf: Any, tag: int) -> None:
@@ -398,6 +402,7 @@ def ucx_address(location_line: str) -> Address:
 
 CHILDREN: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "tcp-sink": child_tcp_sink, "ucx-sink": child_ucx_sink, "ucx-bare-sink": child_ucx_bare_sink,
+    "ucx-bare-sink-one-buffer": functools.partial(child_ucx_bare_sink, 1),
     "buffered-sink": child_buffered_sink,
     "ucx-sink-inline": functools.partial(child_ucx_sink, 0),  # every payload verified on the loop's thread
     "ucx-sink-thread": functools.partial(child_ucx_sink, VERIFY_THREAD_MIN),  # large ones on the verifier thread
