@@ -226,6 +226,9 @@ def main_thread_run_and_wait_s() -> tuple[float, float]:
 
 
 LADDER = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+WARMUP_SEED = 0
+"""The discarded warm-up's prompt seed: no level's (each level seeds its prompts with its concurrency, 2 or more),
+so the first level does not resend the warm-up's prompts and find them in the engines' prefix caches."""
 REFINE_FRACTION, REFINE_MIN_STREAMS = 0.125, 4
 """After the ladder breaks the lag bound, the gap between the last sustained level and the one that broke is
 halved (bisection) while it is wider than ``REFINE_FRACTION`` of the sustained level and ``REFINE_MIN_STREAMS``."""
@@ -333,7 +336,7 @@ def capacity(fleet: Fleet, gpus: int, scale: float, quick: bool, levels_quick: i
     warmup: dict[str, Any] | None = None
     if warm > 0 and ladder:
         fleet.reset_lag()
-        w = asyncio.run(closed_loop(fleet.router_url, ladder[0], warm, ladder[0]))
+        w = asyncio.run(closed_loop(fleet.router_url, ladder[0], warm, WARMUP_SEED))
         lag = fleet.lag()
         warmup = {"concurrency": ladder[0], "seconds": warm,
                   "rate_over_wall_tok_s": round(w["rate_over_wall_tok_s"], 1),
