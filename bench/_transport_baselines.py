@@ -217,6 +217,40 @@ def bare_pingpong(location: str, size: int, n: int) -> list[float]:
 
 
 
+async def event_loop_pingpong(location: str, size: int, n: int) -> list[float]:
+    """``bare_pingpong``'s round trips from an event loop (this process's, uvloop in the benchmark) to the event
+    loop receiver of ``child_buffered_sink``, with no framing and no work but the echo: the least any transport
+    built on asyncio, as kvmesh's is, pays per acknowledged message on this host, where ``bare_pingpong``'s two
+    blocking sockets skip the event loop's wake-up and callbacks on both ends."""
+    loop = asyncio.get_running_loop()
+    host, port = location.split(":")
+
+    class Echoed(asyncio.Protocol):
+        waiter: asyncio.Future[None] | None = None
+
+        def data_received(self, data: bytes) -> None:
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+
+    transport, proto = await loop.create_connection(Echoed, host, int(port))
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = struct.pack("<Q", size) + bytes(size)
+    lat = []
+    try:
+        for _ in range(n):
+            proto.waiter = loop.create_future()
+            t0 = time.perf_counter()
+            transport.write(msg)
+            await proto.waiter
+            lat.append((time.perf_counter() - t0) * 1e6)
+        transport.write(struct.pack("<Q", 0))
+    finally:
+        transport.close()
+    return lat
+
+
 # -- ucx ------------------------------------------------------------------------------------------
 UCX_TRANSPORTS = {"sm": "sm,self", "tcp": "tcp,self"}
 """The transports the ucx figures are measured over, each against ucx_perftest over the same one."""

@@ -11,7 +11,9 @@ the link model's accuracy against the analytic expectation, and the fault wrappe
   blocking socket, and an event loop's BufferedProtocol into one preallocated buffer); beside it the
   same with every checksum computed (sender) and verified (receiver) on the loop's thread instead of a
   verifier thread; latency of
-  one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong.
+  one-block 4 KiB pushes (each acknowledged) against a bare socket ping-pong (blocking sockets on both ends:
+  the goal's baseline), beside the same ping-pong from an event loop to an event loop receiver (the floor of
+  any asyncio transport on the host; ``event_loop_floor_ratio_p50`` says how far above the bare one it sits).
 - ucx: the same 64 MiB through the ucx backend over shared memory (``UCX_TLS=sm,self``) and over TCP
   (``tcp,self``), each against ``ucx_perftest -t tag_bw`` from the libucx wheel (two processes, 1 MiB
   messages, same transports; it receives every message into one reused, cache-hot buffer) and a tuned bare
@@ -58,6 +60,7 @@ from bench._transport_baselines import (
     MiB,
     bare_pingpong,
     bare_throughput,
+    event_loop_pingpong,
     ucx_address,
     ucx_bare_throughput,
     ucx_env,
@@ -205,9 +208,11 @@ async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
             ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
             inline_s = min(inline_s, await push_throughput(t_inline, addr_inline, total, 1))
         bare_lat: list[float] = []
+        loop_lat: list[float] = []
         ours_lat: list[float] = []
         for _ in range(3):
             bare_lat += await asyncio.to_thread(bare_pingpong, bare.location, 4096, pings // 3)
+            loop_lat += await event_loop_pingpong(buffered.location, 4096, pings // 3)
             ours_lat += await push_latency(t, addr, 4096, pings // 3)
         connects = t.connects
         await t.close()
@@ -217,10 +222,12 @@ async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
         buffered.close()
         sink.close()
         inline.close()
-    bare_pct, ours_pct = pct(bare_lat), pct(ours_lat)
-    lat: dict[str, Any] = {"bare_pingpong": bare_pct, "tcp_push": ours_pct,
+    bare_pct, loop_pct, ours_pct = pct(bare_lat), pct(loop_lat), pct(ours_lat)
+    lat: dict[str, Any] = {"bare_pingpong": bare_pct, "event_loop_pingpong": loop_pct, "tcp_push": ours_pct,
                            "ratio_p50": ratio(ours_pct["p50"], bare_pct["p50"]),
-                           "ratio_p99": ratio(ours_pct["p99"], bare_pct["p99"])}
+                           "ratio_p99": ratio(ours_pct["p99"], bare_pct["p99"]),
+                           "event_loop_floor_ratio_p50": ratio(loop_pct["p50"], bare_pct["p50"]),
+                           "ratio_p50_vs_event_loop": ratio(ours_pct["p50"], loop_pct["p50"])}
     best_s = min(bare_s, buffered_s)
     out = {
         "bytes": total, "block_bytes": MiB, "pushes_in_flight": total // MiB // 4,
@@ -236,8 +243,9 @@ async def bench_tcp(total: int, reps: int, pings: int) -> dict[str, Any]:
           f"(ratio vs the best {out['ratio_tcp_vs_best_bare']}; {out['tcp_verify_on_loop_gbps']} GB/s with every "
           f"checksum computed and verified on the sender's and receiver's loop threads); "
           f"4 KiB latency p50/p99 us: bare "
-          f"{lat['bare_pingpong']['p50']}/{lat['bare_pingpong']['p99']}, tcp push {lat['tcp_push']['p50']}/"
-          f"{lat['tcp_push']['p99']}")
+          f"{lat['bare_pingpong']['p50']}/{lat['bare_pingpong']['p99']}, event loop ping-pong "
+          f"{lat['event_loop_pingpong']['p50']}/{lat['event_loop_pingpong']['p99']}, tcp push "
+          f"{lat['tcp_push']['p50']}/{lat['tcp_push']['p99']}")
     return out
 
 
@@ -500,6 +508,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "inproc_1MiB_ratio_vs_memcpy": inproc.get("1024KiB", {}).get("ratio_inproc_vs_memcpy"),
         "tcp_ratio_vs_best_bare": tcp.get("ratio_tcp_vs_best_bare"),
         "tcp_latency_p50_ratio": tcp.get("latency_4KiB_us", {}).get("ratio_p50"),
+        "tcp_latency_event_loop_floor_ratio_p50": tcp.get("latency_4KiB_us", {}).get("event_loop_floor_ratio_p50"),
+        "tcp_latency_p50_ratio_vs_event_loop": tcp.get("latency_4KiB_us", {}).get("ratio_p50_vs_event_loop"),
         "ucx_sm_ratio_vs_perftest": ucx.get("sm", {}).get("ratio_ucx_vs_perftest"),
         "ucx_tcp_ratio_vs_perftest": ucx.get("tcp", {}).get("ratio_ucx_vs_perftest"),
         "goals": {"inproc_copy_vs_memcpy": ">= 0.9", "tcp_vs_best_bare": ">= 0.9", "tcp_latency_p50": "<= 3",
