@@ -1,7 +1,8 @@
 """The baselines ``bench/transport.py`` sets kvmesh's transport beside, and the receivers it runs in other processes.
 
 - bare TCP: a blocking-socket receiver and an event loop's ``BufferedProtocol`` into one preallocated
-  buffer (throughput), and a blocking socket ping-pong (latency);
+  buffer (throughput), and ping-pongs (latency): blocking socket to blocking socket, and event loop to that
+  event loop receiver (``event_loop_pingpong``);
 - UCX: ``ucx_perftest -t tag_bw`` from the libucx wheel and a tuned bare libucxx loop
   (``UCX_WINDOW`` messages in flight, no framing);
 - kvmesh's own tcp and ucx receivers, which drop what they receive.
