@@ -329,11 +329,12 @@ def ucx_perftest(tls: str, size: int, iters: int) -> dict[str, Any]:
 async def child_ucx_bare_sink(buffers: int = UCX_WINDOW) -> None:
     """The tuned bare loop's receiver: libucxx on an event loop, ``UCX_WINDOW`` receives posted, no framing.
 
-    Serves one sender at a time: a hello (the sender's worker address), then rounds of a count and that
-    many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn. The receives land in
-    ``buffers`` distinct 1 MiB buffers in turn (``UCX_WINDOW``: every posted receive has its own, as a receiver
-    keeping what it gets must); with 1 every message lands in the same buffer, cache-hot, as ``ucx_perftest``
-    receives (one buffer per side, reused for every message; its CMA copy then runs at cache speed).
+    Serves one sender at a time, until its stdin closes: a hello (the sender's worker address), then rounds of
+    a count and that many 1 MiB messages, each round acknowledged; a count of zero ends the sender's turn. The
+    receives land in ``buffers`` distinct 1 MiB buffers in turn (``UCX_WINDOW``: every posted receive has its
+    own, as a receiver keeping what it gets must); with 1 every message lands in the same buffer, cache-hot, as
+    ``ucx_perftest`` receives (one buffer per side, reused for every message; its CMA copy then runs at cache
+    speed).
     """
     from transport.ucx_worker import UcxWorker, close_endpoint
 
@@ -368,19 +369,27 @@ async def child_ucx_bare_sink(buffers: int = UCX_WINDOW) -> None:
             w.recv(ep, bufs[i], 3, one)
         await all_in
 
-    while True:
-        hello = bytearray(4096)
-        await recv_one(None, hello, 1)
-        n = int.from_bytes(hello[:2], "little")
-        ep = w.endpoint(bytes(hello[2:2 + n]), False)
+    async def serve() -> None:
         while True:
-            await recv_one(ep, head, 2)
-            count = int(head[0])
-            if count == 0:
-                break
-            await receive_round(ep, count)
-            await w.wait_send(ep, np.ones(1, dtype=np.uint8), 4)
-        close_endpoint(ep)
+            hello = bytearray(4096)
+            await recv_one(None, hello, 1)
+            n = int.from_bytes(hello[:2], "little")
+            ep = w.endpoint(bytes(hello[2:2 + n]), False)
+            while True:
+                await recv_one(ep, head, 2)
+                count = int(head[0])
+                if count == 0:
+                    break
+                await receive_round(ep, count)
+                await w.wait_send(ep, np.ones(1, dtype=np.uint8), 4)
+            close_endpoint(ep)
+
+    serving = asyncio.ensure_future(serve())
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin (it waited 10 s, then killed)
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    await w.close()
 
 
 def resolve(fut: asyncio.Future[None], _exc: BaseException | None) -> None:

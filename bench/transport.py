@@ -16,7 +16,9 @@ the link model's accuracy against the analytic expectation, and the fault wrappe
   any asyncio transport on the host; ``event_loop_floor_ratio_p50`` says how far above the bare one it sits).
 - ucx: the same 64 MiB through the ucx backend over shared memory (``UCX_TLS=sm,self``) and over TCP
   (``tcp,self``), each against ``ucx_perftest -t tag_bw`` from the libucx wheel (two processes, 1 MiB
-  messages, same transports; it receives every message into one reused, cache-hot buffer) and a tuned bare
+  messages, same transports; it receives every message into one reused, cache-hot buffer; run once in every
+  repetition, between the other kinds, and the best run is the baseline: this host's speed drifts by up to 2x
+  within minutes, so a single run before the trials could meet a slower or a faster host) and a tuned bare
   libucxx loop (32 messages in flight, into 32 buffers as a receiver keeping its blocks must, and into one as
   perftest does: their ratio is what distinct destinations cost, apart from any framing); and the lessons
   card's 100 GB/s RDMA link over ucx at the disaggregation scenario's payload scale and time scale,
@@ -255,14 +257,22 @@ async def bench_ucx_over(name: str, tls: str, total: int, reps: int, perftest_it
     from transport.ucx import UcxTransport
 
     env = ucx_env(tls)
-    perf = await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters)
+    perf: dict[str, Any] = {}
+    perf_runs: list[float] = []
     with ucx_environment(env):
         bare, one, sink = Child("ucx-bare-sink", env), Child("ucx-bare-sink-one-buffer", env), Child("ucx-sink", env)
         try:
             addr = ucx_address(sink.location)
             bare_s = one_s = ours_s = float("inf")
             t = UcxTransport(SENDER, Clock(), TransportOptions(ucx_same_host="worker_address"))
-            for _ in range(reps):  # alternate, so load from elsewhere on the host hits each alike
+            for _ in range(reps):  # alternate, so load from elsewhere on the host hits each alike (perftest too)
+                run = await asyncio.to_thread(ucx_perftest, tls, MiB, perftest_iters)
+                if "gbps" in run:
+                    perf_runs.append(run["gbps"])
+                    if run["gbps"] >= perf.get("gbps", 0.0):
+                        perf = run
+                elif not perf:
+                    perf = run  # why it was skipped
                 bare_s = min(bare_s, await ucx_bare_throughput(bare.location, total, 1))
                 one_s = min(one_s, await ucx_bare_throughput(one.location, total, 1))
                 ours_s = min(ours_s, await push_throughput(t, addr, total, 1))
@@ -276,6 +286,8 @@ async def bench_ucx_over(name: str, tls: str, total: int, reps: int, perftest_it
     ours, bare_gbps, one_gbps = gbps(total, ours_s), gbps(total, bare_s), gbps(total, one_s)
     best_name, best = max((("ucx_perftest", perf.get("gbps") or 0.0), ("bare_ucxx_loop", bare_gbps),
                            ("bare_ucxx_loop_one_buffer", one_gbps)), key=lambda kv: kv[1])
+    if perf_runs:
+        perf = {**perf, "runs_gbps": perf_runs}  # one per repetition; the baseline is the best of them
     out = {"tls": tls, "bytes": total, "message_bytes": MiB, "ucx_gbps": ours, "ucx_perftest": perf,
            "bare_ucxx_loop_gbps": bare_gbps, "bare_ucxx_loop_one_buffer_gbps": one_gbps, "best_baseline": best_name,
            "ratio_ucx_vs_perftest": ratio(ours, perf["gbps"]) if "gbps" in perf else None,
