@@ -385,7 +385,7 @@ async def child_ucx_bare_sink(buffers: int = UCX_WINDOW) -> None:
             close_endpoint(ep)
 
     serving = asyncio.ensure_future(serve())
-    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin (it waited 10 s, then killed)
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin (Child.close: 10 s, then a kill)
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
